@@ -1,0 +1,617 @@
+//! `gpu-defrag.io/v1alpha1`.
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Pattern every duration field follows: a sequence of `<number><unit>` with unit
+/// `ms`, `s`, `m` or `h` (Go's `time.ParseDuration` without `us`/`ns`), e.g. `90s`, `1h30m`.
+pub const DURATION_PATTERN: &str = r"^([0-9]+(ms|s|m|h))+$";
+
+/// A DefragPolicy tells gpu-defrag which GPU nodes and pods it may consider, what GPU
+/// shapes the cluster needs to be able to place, when it may evict (maintenance windows)
+/// and within which limits. In `DryRun` mode it only measures and plans.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "gpu-defrag.io",
+    version = "v1alpha1",
+    kind = "DefragPolicy",
+    plural = "defragpolicies",
+    singular = "defragpolicy",
+    shortname = "dfp",
+    status = "DefragPolicyStatus",
+    derive = "PartialEq",
+    printcolumn(
+        name = "Mode",
+        type_ = "string",
+        json_path = ".spec.mode",
+        description = "DryRun or Enforce"
+    ),
+    printcolumn(
+        name = "Fragment",
+        type_ = "number",
+        json_path = ".status.fragmentation.fragmentRate",
+        description = "Share of idle GPU capacity the target shapes cannot use"
+    ),
+    printcolumn(
+        name = "Free-GPUs",
+        type_ = "integer",
+        json_path = ".status.fragmentation.fullyFreeGpus",
+        description = "GPUs with nothing allocated"
+    ),
+    printcolumn(
+        name = "Planned",
+        type_ = "integer",
+        json_path = ".status.plan.totalMoves",
+        description = "Evictions in the current plan"
+    ),
+    printcolumn(
+        name = "Next-Window",
+        type_ = "string",
+        json_path = ".status.nextWindow.start",
+        description = "Start of the next maintenance window"
+    ),
+    printcolumn(
+        name = "Last-Run",
+        type_ = "string",
+        json_path = ".status.lastRuns[0].result",
+        description = "Outcome of the most recent run"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[x_kube(validation = Rule::new("self.mode == 'DryRun' || size(self.windows) > 0").message("mode Enforce needs at least one maintenance window in spec.windows"))]
+#[serde(rename_all = "camelCase")]
+pub struct DefragPolicySpec {
+    /// `DryRun` (default) measures fragmentation and publishes the plan it would run, but
+    /// never evicts. `Enforce` evicts, only inside a maintenance window and only when the
+    /// fragment rate is at or above `trigger.minFragmentRate`.
+    #[serde(default)]
+    pub mode: Mode,
+
+    /// Nodes this policy covers. Empty or absent: every node with GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<LabelSelector>,
+
+    /// Namespaces whose pods may be moved. Pods in other namespaces still count for
+    /// fragmentation but are never evicted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespaces: Option<NamespaceFilter>,
+
+    /// Only pods matching this selector may be moved. Absent: any GPU pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_selector: Option<LabelSelector>,
+
+    /// The GPU shapes the cluster must be able to place: fragmentation is measured
+    /// against them and the planner frees capacity for them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<Target>,
+
+    /// When a run is worth it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<Trigger>,
+
+    /// Maintenance windows. Evictions happen only while one is open. Required (at least
+    /// one) in `Enforce` mode.
+    #[serde(default)]
+    #[schemars(length(max = 16))]
+    pub windows: Vec<Window>,
+
+    /// Upper bounds on disruption per run.
+    #[serde(default)]
+    pub limits: Limits,
+
+    /// Pods protected by priority.
+    #[serde(default)]
+    pub priority: PriorityRules,
+
+    /// Safety rules that decide which pods are movable at all.
+    #[serde(default)]
+    pub safety: Safety,
+}
+
+/// DryRun or Enforce.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, schemars::JsonSchema,
+)]
+pub enum Mode {
+    /// Measure and plan only; never evict.
+    #[default]
+    DryRun,
+    /// Evict inside maintenance windows when the trigger is met.
+    Enforce,
+}
+
+/// Namespace include/exclude lists. An empty `include` means all namespaces.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceFilter {
+    /// Only these namespaces (empty: all).
+    #[serde(default)]
+    #[schemars(length(max = 256))]
+    pub include: Vec<String>,
+    /// Never these namespaces (applied after `include`).
+    #[serde(default)]
+    #[schemars(length(max = 256))]
+    pub exclude: Vec<String>,
+}
+
+/// Target shapes and demand handling.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Target {
+    /// Task shapes the freed capacity must fit. Absent or empty: derived from the pods
+    /// (the distinct GPU request shapes covering 95% of GPU pods).
+    #[serde(default)]
+    #[schemars(length(max = 32))]
+    pub shapes: Vec<Shape>,
+    /// Serve first the pending GPU pods that cannot be placed anywhere today.
+    #[serde(default)]
+    pub from_pending: bool,
+}
+
+/// One task shape: `gpus` GPUs with `milliPerGpu` thousandths of each.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[x_kube(validation = Rule::new("self.gpus <= 1 || self.milliPerGpu == 1000").message("a shape of more than one GPU must use whole GPUs (milliPerGpu 1000)"))]
+#[serde(rename_all = "camelCase")]
+pub struct Shape {
+    /// Number of GPUs (0 means a task asking for no GPU: all idle GPU capacity is a
+    /// fragment for it).
+    #[schemars(range(min = 0, max = 64))]
+    pub gpus: i32,
+    /// Thousandths of one GPU per GPU (1000 = a whole GPU). More than one GPU implies 1000.
+    #[serde(default = "default_milli")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub milli_per_gpu: i32,
+    /// CPU the task needs on the node (a Kubernetes quantity such as `8` or `500m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<String>,
+    /// Memory the task needs on the node (a Kubernetes quantity such as `64Gi`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
+    /// GPU models the task accepts (matched against the node's `nvidia.com/gpu.product`
+    /// label). Empty: any model.
+    #[serde(default)]
+    #[schemars(length(max = 32))]
+    pub models: Vec<String>,
+    /// Relative weight of this shape in the workload mix (normalised over all shapes).
+    #[serde(default = "default_weight")]
+    #[x_kube(validation = Rule::new("self > 0.0").message("weight must be greater than 0"))]
+    pub weight: f64,
+}
+
+fn default_milli() -> i32 {
+    1000
+}
+fn default_weight() -> f64 {
+    1.0
+}
+
+/// When a run is worth it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Trigger {
+    /// Run only when the fragment rate is at least this (0..1).
+    #[serde(default = "default_min_rate")]
+    #[x_kube(validation = Rule::new("self >= 0.0 && self <= 1.0").message("minFragmentRate must be between 0 and 1"))]
+    pub min_fragment_rate: f64,
+}
+
+impl Default for Trigger {
+    fn default() -> Self {
+        Self {
+            min_fragment_rate: default_min_rate(),
+        }
+    }
+}
+
+fn default_min_rate() -> f64 {
+    0.1
+}
+
+/// An allow window: it opens at every time `schedule` matches and stays open for
+/// `duration`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Window {
+    /// Cron expression with five fields (minute hour day-of-month month day-of-week),
+    /// e.g. `0 2 * * *` for 02:00 every day. Evaluated in `timeZone`.
+    #[schemars(length(min = 9, max = 128))]
+    #[x_kube(validation = Rule::new("self.split(' ').filter(f, f != '').size() == 5").message("schedule must be a cron expression with 5 fields"))]
+    pub schedule: String,
+    /// How long the window stays open, e.g. `3h` or `90m`.
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 32))]
+    pub duration: String,
+    /// IANA time zone the schedule is read in, e.g. `Asia/Shanghai`. Default `UTC`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub time_zone: Option<String>,
+}
+
+/// Disruption limits. Every limit holds across the whole run, including across an
+/// operator restart.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Limits {
+    /// Evictions per run (per window opening).
+    #[serde(default = "default_per_run")]
+    #[schemars(range(min = 0, max = 100000))]
+    pub max_evictions_per_run: i32,
+    /// Evictions from one node per run.
+    #[serde(default = "default_per_node")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub max_evictions_per_node: i32,
+    /// Evictions in one namespace per run.
+    #[serde(default = "default_per_ns")]
+    #[schemars(range(min = 0, max = 100000))]
+    pub max_evictions_per_namespace: i32,
+    /// Evictions whose replacement is not yet Ready, at once.
+    #[serde(default = "default_in_flight")]
+    #[schemars(range(min = 1, max = 100))]
+    pub max_in_flight: i32,
+    /// Pods of one workload (ReplicaSet, StatefulSet, …) unavailable at once because of us.
+    #[serde(default = "default_in_flight")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_unavailable_per_workload: i32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_evictions_per_run: default_per_run(),
+            max_evictions_per_node: default_per_node(),
+            max_evictions_per_namespace: default_per_ns(),
+            max_in_flight: default_in_flight(),
+            max_unavailable_per_workload: default_in_flight(),
+        }
+    }
+}
+
+fn default_per_run() -> i32 {
+    10
+}
+fn default_per_node() -> i32 {
+    4
+}
+fn default_per_ns() -> i32 {
+    5
+}
+fn default_in_flight() -> i32 {
+    1
+}
+
+/// Priority protection.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PriorityRules {
+    /// Pods with a priority above this are never moved. Absent: no threshold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_priority: Option<i32>,
+    /// Priority classes never moved.
+    #[serde(default = "default_protected")]
+    #[schemars(length(max = 64))]
+    pub protected_classes: Vec<String>,
+}
+
+impl Default for PriorityRules {
+    fn default() -> Self {
+        Self {
+            max_priority: None,
+            protected_classes: default_protected(),
+        }
+    }
+}
+
+fn default_protected() -> Vec<String> {
+    vec![
+        "system-cluster-critical".into(),
+        "system-node-critical".into(),
+    ]
+}
+
+/// Which pods are movable at all, and how long to wait for their replacements.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Safety {
+    /// Pods younger than this are not moved (slow-starting ML pods need time to settle).
+    #[serde(default = "default_min_age")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 32))]
+    pub min_pod_age: String,
+    /// Allow evicting pods owned by a Job (they restart from scratch).
+    #[serde(default)]
+    pub evict_job_pods: bool,
+    /// Allow evicting pods with `emptyDir`/local volumes (their data is lost).
+    #[serde(default)]
+    pub evict_local_storage: bool,
+    /// How long to wait for an evicted pod's replacement to be Ready before the run stops
+    /// as stalled.
+    #[serde(default = "default_reschedule")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 32))]
+    pub reschedule_timeout: String,
+    /// Stop the run when more GPU pods than this are Pending in the covered namespaces.
+    #[serde(default = "default_max_pending")]
+    #[schemars(range(min = 0, max = 100000))]
+    pub max_pending_gpu_pods: i32,
+}
+
+impl Default for Safety {
+    fn default() -> Self {
+        Self {
+            min_pod_age: default_min_age(),
+            evict_job_pods: false,
+            evict_local_storage: false,
+            reschedule_timeout: default_reschedule(),
+            max_pending_gpu_pods: default_max_pending(),
+        }
+    }
+}
+
+fn default_min_age() -> String {
+    "10m".into()
+}
+fn default_reschedule() -> String {
+    "10m".into()
+}
+fn default_max_pending() -> i32 {
+    5
+}
+
+// ---------------------------------------------------------------- status
+
+/// What gpu-defrag observed, planned and did for this policy.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DefragPolicyStatus {
+    /// `Ready`, `InWindow`, `Executing`, `Degraded`, `Conflict`.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    /// The `metadata.generation` this status was computed for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Fragmentation of the covered nodes, last measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fragmentation: Option<FragmentationSummary>,
+    /// The plan a run would execute now (bounded: the first moves plus totals).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<PlanSummary>,
+    /// The next (or current) maintenance window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_window: Option<WindowTimes>,
+    /// The run in progress, recorded before its first eviction so a restart can resume
+    /// or clean it up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_run: Option<RunRecord>,
+    /// The most recent runs, newest first (at most 5).
+    #[serde(default)]
+    pub last_runs: Vec<RunRecord>,
+    /// Pods not considered movable, counted by reason.
+    #[serde(default)]
+    pub skipped: BTreeMap<String, i64>,
+}
+
+/// A status condition (same shape as `metav1.Condition`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// Condition type, e.g. `Ready`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// PascalCase reason for the last transition.
+    pub reason: String,
+    /// Human readable message.
+    #[serde(default)]
+    pub message: String,
+    /// When the status last changed (RFC 3339).
+    pub last_transition_time: String,
+    /// Generation the condition was computed for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// Fragmentation summary (see docs/fragmentation.md for the exact metric).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FragmentationSummary {
+    /// fragmentMilli / idleMilli (0..1).
+    pub fragment_rate: f64,
+    /// Idle GPU capacity the target shapes cannot use, in milli-GPU.
+    pub fragment_milli: i64,
+    /// All idle GPU capacity on counted nodes, in milli-GPU.
+    pub idle_milli: i64,
+    /// GPUs on counted nodes.
+    pub gpus: i64,
+    /// GPUs with nothing allocated.
+    pub fully_free_gpus: i64,
+    /// Nodes with every GPU free.
+    pub fully_free_nodes: i64,
+    /// Idle capacity on partly used GPUs, in milli-GPU.
+    pub stranded_milli: i64,
+    /// Pods whose GPU allocation could not be read (never moved).
+    pub unknown_pods: i64,
+    /// Pending GPU pods that fit no node today.
+    pub pending_unplaceable: i64,
+    /// Nodes counted.
+    pub nodes: i64,
+    /// When it was measured (RFC 3339).
+    pub observed_at: String,
+}
+
+/// The plan, bounded for status.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanSummary {
+    /// Evictions in the whole plan.
+    pub total_moves: i64,
+    /// Batches in the whole plan.
+    pub batches: i64,
+    /// Fragment rate expected after the whole plan.
+    pub expected_fragment_rate: f64,
+    /// GPUs expected fully free after the whole plan.
+    pub expected_fully_free_gpus: i64,
+    /// The first moves (at most 50).
+    #[serde(default)]
+    pub moves: Vec<PlannedMove>,
+    /// Result of the server-side dry-run of the planned evictions, when checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dry_run_check: Option<DryRunCheck>,
+    /// When the plan was computed (RFC 3339).
+    pub computed_at: String,
+}
+
+/// One planned move.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedMove {
+    /// `namespace/name` of the pod.
+    pub pod: String,
+    /// Node it runs on.
+    pub from_node: String,
+    /// Devices it holds there (empty for node-granularity GPUs).
+    #[serde(default)]
+    pub from_devices: Vec<String>,
+    /// Node the bin-packing scheduler is expected to pick.
+    pub to_node: String,
+    /// Devices expected there.
+    #[serde(default)]
+    pub to_devices: Vec<String>,
+    /// Batch index (0-based).
+    pub batch: i64,
+    /// Why this move is in the plan.
+    pub reason: String,
+}
+
+/// Server-side (`dryRun=All`) check of the planned evictions.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DryRunCheck {
+    /// Evictions the API server would accept.
+    pub allowed: i64,
+    /// Evictions refused (a PodDisruptionBudget, usually).
+    pub blocked: i64,
+    /// Other errors.
+    pub failed: i64,
+    /// `namespace/name: reason` of the first refusals.
+    #[serde(default)]
+    pub blocked_pods: Vec<String>,
+}
+
+/// Start and end of a maintenance window.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WindowTimes {
+    /// Opening time (RFC 3339, with the window's UTC offset).
+    pub start: String,
+    /// Closing time (RFC 3339).
+    pub end: String,
+    /// Whether the window is open now.
+    #[serde(default)]
+    pub open: bool,
+}
+
+/// A run: one execution of the plan inside one window.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunRecord {
+    /// Unique id of the run (also the value of the draining taints it sets).
+    pub id: String,
+    /// When it started (RFC 3339).
+    pub started_at: String,
+    /// When it finished (RFC 3339); empty while running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    /// End of the window it runs in (RFC 3339).
+    #[serde(default)]
+    pub window_end: String,
+    /// `Running`, `Succeeded`, `Partial`, `Stalled`, `WindowClosed`, `Aborted`.
+    pub result: String,
+    /// Why it ended that way.
+    #[serde(default)]
+    pub message: String,
+    /// Nodes fenced (tainted) by the run.
+    #[serde(default)]
+    pub fenced_nodes: Vec<String>,
+    /// Evictions planned at the start.
+    pub planned: i64,
+    /// Evictions the API server accepted (counted against the limits).
+    pub evicted: i64,
+    /// Evictions refused with 429 (PDB).
+    pub blocked: i64,
+    /// Replacements that landed back on a fenced unit.
+    pub bounced: i64,
+    /// Evictions that failed otherwise.
+    pub failed: i64,
+    /// `namespace/name` of pods evicted so far (bounded), so a restart never repeats one.
+    #[serde(default)]
+    pub evicted_pods: Vec<String>,
+    /// Fragment rate at the start.
+    pub fragment_rate_before: f64,
+    /// Fragment rate at the end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fragment_rate_after: Option<f64>,
+    /// Fully free GPUs at the start.
+    #[serde(default)]
+    pub fully_free_gpus_before: i64,
+    /// Fully free GPUs at the end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fully_free_gpus_after: Option<i64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_fill_an_empty_spec() {
+        let spec: DefragPolicySpec = serde_json::from_str("{}").unwrap();
+        assert_eq!(spec.mode, Mode::DryRun);
+        assert_eq!(spec.limits.max_evictions_per_run, 10);
+        assert_eq!(spec.safety.min_pod_age, "10m");
+        assert!(
+            spec.priority
+                .protected_classes
+                .contains(&"system-node-critical".to_string())
+        );
+    }
+
+    #[test]
+    fn sample_from_the_design_parses() {
+        let yaml = r#"
+mode: Enforce
+nodeSelector: {matchLabels: {nvidia.com/gpu.present: "true"}}
+namespaces: {exclude: [kube-system]}
+target: {shapes: [{gpus: 8, weight: 1}, {gpus: 1, milliPerGpu: 500, weight: 3}]}
+trigger: {minFragmentRate: 0.2}
+windows: [{schedule: "0 2 * * *", duration: 3h, timeZone: Asia/Shanghai}]
+limits: {maxEvictionsPerRun: 20, maxEvictionsPerNode: 4, maxEvictionsPerNamespace: 5, maxInFlight: 2, maxUnavailablePerWorkload: 1}
+priority: {maxPriority: 1000, protectedClasses: [system-cluster-critical]}
+safety: {minPodAge: 10m, evictJobPods: false, evictLocalStorage: false, rescheduleTimeout: 10m}
+"#;
+        let spec: DefragPolicySpec = serde_norway::from_str(yaml).unwrap();
+        assert_eq!(spec.mode, Mode::Enforce);
+        let shapes = &spec.target.as_ref().unwrap().shapes;
+        assert_eq!(shapes[0].milli_per_gpu, 1000);
+        assert_eq!(shapes[1].milli_per_gpu, 500);
+        assert_eq!(spec.windows[0].time_zone.as_deref(), Some("Asia/Shanghai"));
+    }
+
+    #[test]
+    fn schema_carries_the_cel_rules() {
+        use kube::CustomResourceExt;
+        let crd = serde_json::to_string(&DefragPolicy::crd()).unwrap();
+        for needle in [
+            "mode Enforce needs at least one maintenance window",
+            "weight must be greater than 0",
+            "minFragmentRate must be between 0 and 1",
+            "a shape of more than one GPU must use whole GPUs",
+            "schedule must be a cron expression with 5 fields",
+        ] {
+            assert!(crd.contains(needle), "missing rule: {needle}");
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! Pure core of gpu-defrag: no kube client, no async. Pure functions over a snapshot:
+//! the cluster model, GPU allocation adapters, the fragmentation metric, the scheduler
+//! emulation and (later) the planner and maintenance windows.
+#![forbid(unsafe_code)]
+
+pub mod formats;
+pub mod frag;
+pub mod ingest;
+pub mod model;
+pub mod plan;
+pub mod policy;
+pub mod sched;
+pub mod snapshot;
+pub mod windows;

@@ -1,0 +1,435 @@
+//! The normalised cluster model every other part of the core works on.
+//!
+//! Every GPU allocation, whatever scheme wrote it, becomes milli-GPU per device
+//! (a whole GPU = 1000). Nodes and pods are plain data; indices tie them together.
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+
+/// Milli-GPU: 1000 is one whole GPU.
+pub type Milli = u32;
+/// One whole GPU in milli.
+pub const GPU_MILLI: Milli = 1000;
+
+/// The allocation scheme a node's GPUs are handed out by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scheme {
+    /// Plain device plugin: `nvidia.com/gpu` whole GPUs (KAI fractions ride on top).
+    Plain,
+    /// HAMi vGPU (`hami.io/node-nvidia-register`).
+    Hami,
+    /// Volcano vGPU (`volcano.sh/node-vgpu-register`).
+    VolcanoVgpu,
+    /// Koordinator device share (`koordinator.sh/gpu-core`, `Device` objects).
+    Koordinator,
+    /// Volcano gpushare (`volcano.sh/gpu-memory`, `volcano.sh/gpu-number`).
+    VolcanoShare,
+    /// Aliyun gpushare (`aliyun.com/gpu-mem`, `aliyun.com/gpu-count`).
+    Aliyun,
+}
+
+impl Scheme {
+    /// Short name used in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scheme::Plain => "plain",
+            Scheme::Hami => "hami",
+            Scheme::VolcanoVgpu => "volcano-vgpu",
+            Scheme::Koordinator => "koordinator",
+            Scheme::VolcanoShare => "volcano-gpushare",
+            Scheme::Aliyun => "aliyun-gpushare",
+        }
+    }
+}
+
+/// Whether allocations name devices or only count GPUs per node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Granularity {
+    /// Each allocation names a device (UUID or index).
+    Device,
+    /// Only a count per node is known (any free whole GPU is as good as another).
+    Node,
+}
+
+/// One physical GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gpu {
+    /// UUID, or the index as a string.
+    pub key: String,
+    /// Milli allocated on it (0..=1000).
+    pub used: Milli,
+    /// Unhealthy GPUs are not counted as free capacity.
+    pub healthy: bool,
+    /// Device memory, when known.
+    pub memory_mib: Option<u64>,
+}
+
+impl Gpu {
+    /// Free milli on this GPU (0 when unhealthy).
+    pub fn free(&self) -> Milli {
+        if self.healthy {
+            GPU_MILLI.saturating_sub(self.used)
+        } else {
+            0
+        }
+    }
+}
+
+/// A node taint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Taint {
+    /// Key.
+    pub key: String,
+    /// Value (may be empty).
+    pub value: String,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
+    pub effect: String,
+}
+
+/// A pod toleration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Toleration {
+    /// Key; empty with operator Exists tolerates everything.
+    pub key: String,
+    /// `Equal` (default) or `Exists`.
+    pub operator: String,
+    /// Value for `Equal`.
+    pub value: String,
+    /// Empty tolerates every effect.
+    pub effect: String,
+}
+
+/// A MIG profile pool on one node (mixed strategy): capacity and use of one profile.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigPool {
+    /// Profile name, e.g. `1g.10gb`.
+    pub profile: String,
+    /// Allocatable instances.
+    pub capacity: u64,
+    /// Instances requested by bound pods.
+    pub used: u64,
+}
+
+/// One node, normalised.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    /// Name.
+    pub name: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Taints.
+    pub taints: Vec<Taint>,
+    /// Ready condition is True.
+    pub ready: bool,
+    /// Cordoned (`spec.unschedulable`).
+    pub unschedulable: bool,
+    /// GPU model (`nvidia.com/gpu.product` label, or from the scheme's inventory).
+    pub model: Option<String>,
+    /// Allocation scheme.
+    pub scheme: Scheme,
+    /// Device or node granularity.
+    pub granularity: Granularity,
+    /// GPUs with their current use.
+    pub gpus: Vec<Gpu>,
+    /// Allocatable CPU, milli.
+    pub cpu_alloc: u64,
+    /// Allocatable memory, bytes.
+    pub mem_alloc: u64,
+    /// Allocatable pod count.
+    pub pods_alloc: u64,
+    /// CPU requested by bound pods, milli.
+    pub cpu_used: u64,
+    /// Memory requested by bound pods, bytes.
+    pub mem_used: u64,
+    /// Bound, non-terminal pods.
+    pub pods_used: u64,
+    /// MIG pools (mixed strategy), separate from the milli metric.
+    pub mig: Vec<MigPool>,
+    /// Pods on this node whose allocation could not be read. A node with any is never
+    /// drained.
+    pub unknown_pods: u32,
+    /// Why this node's records contradict each other (over-committed device, a record
+    /// naming a device it lacks, …). Such a node is never drained.
+    pub inconsistent: Option<String>,
+}
+
+impl Node {
+    /// Free milli summed over the node's GPUs.
+    pub fn free_milli(&self) -> u64 {
+        self.gpus.iter().map(|g| u64::from(g.free())).sum()
+    }
+    /// GPUs with nothing allocated (and healthy).
+    pub fn fully_free_gpus(&self) -> usize {
+        self.gpus
+            .iter()
+            .filter(|g| g.healthy && g.used == 0)
+            .count()
+    }
+    /// Free CPU, milli.
+    pub fn cpu_free(&self) -> u64 {
+        self.cpu_alloc.saturating_sub(self.cpu_used)
+    }
+    /// Free memory, bytes.
+    pub fn mem_free(&self) -> u64 {
+        self.mem_alloc.saturating_sub(self.mem_used)
+    }
+}
+
+/// Pod lifecycle phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Pending.
+    Pending,
+    /// Running.
+    Running,
+    /// Succeeded (terminal).
+    Succeeded,
+    /// Failed (terminal).
+    Failed,
+    /// Unknown or absent.
+    Unknown,
+}
+
+impl Phase {
+    /// Succeeded or Failed.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Phase::Succeeded | Phase::Failed)
+    }
+}
+
+/// The GPU shape a pod asks for: `gpus` GPUs with `milli` each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuShape {
+    /// Number of GPUs.
+    pub gpus: u32,
+    /// Milli per GPU (1000 for whole GPUs).
+    pub milli: Milli,
+}
+
+/// Why a pod's GPU allocation is unknown.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum UnknownReason {
+    /// The pod asks for shared GPU resources but carries no allocation record.
+    MissingRecord,
+    /// The record could not be parsed (message from the parser).
+    Malformed(String),
+    /// The record does not match the pod's requests.
+    DisagreesWithRequest(String),
+    /// The record names a device the node does not have.
+    UnknownDevice(String),
+    /// The records on this node, together, over-commit a device.
+    Overcommitted(String),
+    /// The node's inventory could not be read.
+    NodeInventory(String),
+}
+
+impl UnknownReason {
+    /// Stable, low-cardinality reason code (for counts, metrics and status).
+    pub fn code(&self) -> &'static str {
+        match self {
+            UnknownReason::MissingRecord => "missing-record",
+            UnknownReason::Malformed(_) => "malformed-record",
+            UnknownReason::DisagreesWithRequest(_) => "record-disagrees-with-request",
+            UnknownReason::UnknownDevice(_) => "record-names-unknown-device",
+            UnknownReason::Overcommitted(_) => "device-overcommitted",
+            UnknownReason::NodeInventory(_) => "node-inventory-unreadable",
+        }
+    }
+}
+
+impl std::fmt::Display for UnknownReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UnknownReason::MissingRecord => {
+                f.write_str("missing-record: no allocation record for shared GPU request")
+            }
+            UnknownReason::Malformed(m)
+            | UnknownReason::DisagreesWithRequest(m)
+            | UnknownReason::UnknownDevice(m)
+            | UnknownReason::Overcommitted(m)
+            | UnknownReason::NodeInventory(m) => write!(f, "{}: {m}", self.code()),
+        }
+    }
+}
+
+/// A pod's GPU use on its node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuUse {
+    /// No GPU.
+    None,
+    /// Whole GPUs counted at node granularity (the device is not known).
+    Whole(u32),
+    /// Milli per device (index into the node's `gpus`).
+    Devices(Vec<(usize, Milli)>),
+    /// MIG instances: (profile, count).
+    Mig(Vec<(String, u64)>),
+    /// Not readable: never moved, its node never drained.
+    Unknown(UnknownReason),
+}
+
+/// The controller that owns a pod.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Owner {
+    /// Kind (ReplicaSet, StatefulSet, Job, DaemonSet, …).
+    pub kind: String,
+    /// Name.
+    pub name: String,
+}
+
+/// A required node-affinity expression (`matchExpressions` or `matchFields` entry).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSelectorRequirement {
+    /// Label key, or `metadata.name` for a field.
+    pub key: String,
+    /// In, NotIn, Exists, DoesNotExist, Gt, Lt.
+    pub operator: String,
+    /// Values.
+    pub values: Vec<String>,
+    /// True for `matchFields` (only `metadata.name` is defined).
+    pub field: bool,
+}
+
+/// One pod, normalised.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pod {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Index of the node it is bound to, when that node is in the model.
+    pub node: Option<usize>,
+    /// `spec.nodeName`, when set.
+    pub node_name: Option<String>,
+    /// Phase.
+    pub phase: Phase,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Annotations the planner reads (opt-outs, costs).
+    pub annotations: BTreeMap<String, String>,
+    /// GPU use on its node (bound pods).
+    pub gpu: GpuUse,
+    /// The GPU shape it asks for (None: no GPU).
+    pub shape: Option<GpuShape>,
+    /// Scheme of its allocation record, when any.
+    pub scheme: Option<Scheme>,
+    /// Requested CPU, milli.
+    pub cpu: u64,
+    /// Requested memory, bytes.
+    pub mem: u64,
+    /// Priority (0 when absent).
+    pub priority: i32,
+    /// Priority class name.
+    pub priority_class: Option<String>,
+    /// Controller owner.
+    pub owner: Option<Owner>,
+    /// Creation time.
+    pub created: Option<DateTime<Utc>>,
+    /// Has a deletion timestamp.
+    pub deleting: bool,
+    /// Mirror/static pod.
+    pub mirror: bool,
+    /// Uses emptyDir or hostPath volumes.
+    pub local_storage: bool,
+    /// `spec.nodeSelector`.
+    pub node_selector: BTreeMap<String, String>,
+    /// Required node affinity: OR of terms, each an AND of requirements.
+    pub affinity: Vec<Vec<NodeSelectorRequirement>>,
+    /// Tolerations.
+    pub tolerations: Vec<Toleration>,
+    /// A GPU model constraint (`nvidia.com/gpu.product` via nodeSelector), if any.
+    pub models: Vec<String>,
+}
+
+impl Pod {
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+    /// Bound and not terminal.
+    pub fn is_active_bound(&self) -> bool {
+        self.node_name.is_some() && !self.phase.is_terminal()
+    }
+    /// Waiting for a node, not terminal, not being deleted.
+    pub fn is_pending(&self) -> bool {
+        self.node_name.is_none() && !self.phase.is_terminal() && !self.deleting
+    }
+    /// Whether its allocation is unknown.
+    pub fn is_unknown(&self) -> bool {
+        matches!(self.gpu, GpuUse::Unknown(_))
+    }
+    /// Total milli it holds (0 when none or unknown).
+    pub fn held_milli(&self) -> u64 {
+        match &self.gpu {
+            GpuUse::Whole(n) => u64::from(*n) * u64::from(GPU_MILLI),
+            GpuUse::Devices(d) => d.iter().map(|(_, m)| u64::from(*m)).sum(),
+            _ => 0,
+        }
+    }
+}
+
+/// A PodDisruptionBudget, reduced to what the planner needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pdb {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Label selector (None: matches nothing, as Kubernetes does for a null selector).
+    pub selector: Option<LabelSelector>,
+    /// `status.disruptionsAllowed`.
+    pub disruptions_allowed: i64,
+}
+
+/// A label selector (matchLabels + matchExpressions).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LabelSelector {
+    /// Exact labels.
+    pub match_labels: BTreeMap<String, String>,
+    /// Expressions: (key, operator In/NotIn/Exists/DoesNotExist, values).
+    pub match_expressions: Vec<(String, String, Vec<String>)>,
+}
+
+impl LabelSelector {
+    /// Whether `labels` satisfy the selector. An empty selector matches everything.
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.match_labels
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
+            && self
+                .match_expressions
+                .iter()
+                .all(|(k, op, vals)| match op.as_str() {
+                    "In" => labels.get(k).is_some_and(|v| vals.contains(v)),
+                    "NotIn" => labels.get(k).is_none_or(|v| !vals.contains(v)),
+                    "Exists" => labels.contains_key(k),
+                    "DoesNotExist" => !labels.contains_key(k),
+                    _ => false,
+                })
+    }
+}
+
+/// A whole cluster: nodes, pods and PDBs, at one instant.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Cluster {
+    /// Nodes (sorted by name).
+    pub nodes: Vec<Node>,
+    /// Pods (sorted by namespace/name).
+    pub pods: Vec<Pod>,
+    /// PodDisruptionBudgets.
+    pub pdbs: Vec<Pdb>,
+    /// The instant the snapshot describes (pod ages are measured from it).
+    pub now: Option<DateTime<Utc>>,
+}
+
+impl Cluster {
+    /// Index of a node by name.
+    pub fn node_index(&self, name: &str) -> Option<usize> {
+        self.nodes
+            .binary_search_by(|n| n.name.as_str().cmp(name))
+            .ok()
+    }
+}

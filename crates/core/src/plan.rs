@@ -1,0 +1,935 @@
+//! The migration planner: which pods to evict so the bin-packing scheduler gives back
+//! the most usable GPU capacity for the target shapes, per eviction.
+//!
+//! Units are drained all or nothing: a whole node, one GPU (device-granularity
+//! schemes), or the smallest group of whole-GPU pods whose departure lets a target shape
+//! fit on a node (node granularity). A unit is chosen only when every pod on it is
+//! movable and finds a place — by the same rules the scheduler uses (selectors,
+//! affinity, taints, cpu, memory, GPU model; MostAllocated node, best-fit device) — on a
+//! unit that is not being drained. Units are picked greedily by fragment drop per
+//! eviction, with lazy re-evaluation, under every hard limit of the policy.
+//! Deterministic: ties are broken by node, GPU and pod order.
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::frag::{self, Capacity, Totals};
+use crate::model::*;
+use crate::policy::{Policy, TargetShape, parse_duration};
+use crate::sched;
+
+/// Why a pod is not movable. Codes are stable (status, metrics, docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Skip {
+    /// Namespace or pod selector of the policy excludes it.
+    OutOfScope,
+    /// Its GPU allocation could not be read.
+    UnknownAllocation,
+    /// Its node has unknown or contradictory records: never drained.
+    NodeUndrainable,
+    /// Being deleted.
+    Terminating,
+    /// Not Running.
+    NotRunning,
+    /// Mirror or static pod.
+    MirrorPod,
+    /// No controller would recreate it.
+    NoController,
+    /// Owned by a DaemonSet.
+    DaemonSet,
+    /// Owned by a Job and the policy does not allow it.
+    JobPod,
+    /// Uses local storage and the policy does not allow it.
+    LocalStorage,
+    /// Priority above the policy's threshold.
+    Priority,
+    /// Priority class protected by the policy.
+    ProtectedClass,
+    /// `gpu-defrag.io/do-not-disrupt` or `karpenter.sh/do-not-disrupt`.
+    OptOut,
+    /// Younger than `safety.minPodAge`.
+    TooYoung,
+    /// Matched by more than one PodDisruptionBudget (the Eviction API refuses it).
+    MultiplePdbs,
+    /// Its PodDisruptionBudget allows no disruption now.
+    PdbExhausted,
+    /// A KAI reservation pod (it belongs to the scheduler, not to a workload).
+    KaiReservation,
+    /// Already evicted in this run.
+    AlreadyMoved,
+}
+
+impl Skip {
+    /// The stable code.
+    pub fn code(self) -> &'static str {
+        match self {
+            Skip::OutOfScope => "out-of-scope",
+            Skip::UnknownAllocation => "unknown-allocation",
+            Skip::NodeUndrainable => "node-undrainable",
+            Skip::Terminating => "terminating",
+            Skip::NotRunning => "not-running",
+            Skip::MirrorPod => "mirror-pod",
+            Skip::NoController => "no-controller",
+            Skip::DaemonSet => "daemonset",
+            Skip::JobPod => "job-pod",
+            Skip::LocalStorage => "local-storage",
+            Skip::Priority => "priority-above-threshold",
+            Skip::ProtectedClass => "protected-priority-class",
+            Skip::OptOut => "opted-out",
+            Skip::TooYoung => "too-young",
+            Skip::MultiplePdbs => "multiple-pdbs",
+            Skip::PdbExhausted => "pdb-exhausted",
+            Skip::KaiReservation => "kai-reservation",
+            Skip::AlreadyMoved => "already-moved",
+        }
+    }
+}
+
+/// What already happened in the current run (so limits hold across restarts).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct History {
+    /// `namespace/name` of pods already evicted in this run.
+    pub evicted: Vec<String>,
+    /// Evictions already done per source node.
+    pub per_node: BTreeMap<String, u32>,
+    /// Evictions already done per namespace.
+    pub per_namespace: BTreeMap<String, u32>,
+}
+
+/// One planned eviction.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Move {
+    /// `namespace/name`.
+    pub pod: String,
+    /// Index of the pod in the cluster.
+    #[serde(skip)]
+    pub pod_index: usize,
+    /// Source node.
+    pub from_node: String,
+    /// Source devices (empty at node granularity).
+    pub from_devices: Vec<String>,
+    /// Expected target node.
+    pub to_node: String,
+    /// Expected target devices.
+    pub to_devices: Vec<String>,
+    /// Batch index.
+    pub batch: usize,
+    /// Why.
+    pub reason: String,
+}
+
+/// What a batch drains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UnitKind {
+    /// Every GPU pod of a node.
+    Node,
+    /// Every pod on one GPU.
+    Gpu,
+    /// The smallest group of whole-GPU pods that makes room for a target shape.
+    Group,
+}
+
+/// One batch: one drained unit.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Batch {
+    /// Kind of unit.
+    pub kind: UnitKind,
+    /// Node.
+    pub node: String,
+    /// GPU key, for GPU units.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
+    /// Moves in it.
+    pub moves: usize,
+    /// Fragment milli it removes (expected).
+    pub gain_milli: f64,
+    /// Cluster totals expected after it.
+    pub after: Totals,
+}
+
+/// The plan.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Plan {
+    /// Totals now.
+    pub before: Totals,
+    /// Totals expected after every batch.
+    pub after: Totals,
+    /// Moves in order.
+    pub moves: Vec<Move>,
+    /// Batches in order.
+    pub batches: Vec<Batch>,
+    /// GPU pods not movable, by reason code.
+    pub skipped: BTreeMap<String, u64>,
+    /// Target shapes used.
+    pub shapes: Vec<TargetShape>,
+    /// Nodes that receive no pod back during the run (fence them).
+    pub fenced_nodes: Vec<String>,
+    /// Pending pods expected to fit after the plan (fromPending).
+    pub pending_served: Vec<String>,
+}
+
+/// Whether a pod may be moved at all (independent of the plan), or why not.
+pub fn movable(
+    pod: &Pod,
+    cluster: &Cluster,
+    policy: &Policy,
+    now: Option<DateTime<Utc>>,
+    history: &History,
+) -> Result<(), Skip> {
+    if !policy.scope.covers_pod(pod) {
+        return Err(Skip::OutOfScope);
+    }
+    if pod.is_unknown() {
+        return Err(Skip::UnknownAllocation);
+    }
+    if let Some(n) = pod.node.map(|i| &cluster.nodes[i])
+        && (n.unknown_pods > 0 || n.inconsistent.is_some())
+    {
+        return Err(Skip::NodeUndrainable);
+    }
+    if pod.deleting {
+        return Err(Skip::Terminating);
+    }
+    if pod.phase != Phase::Running {
+        return Err(Skip::NotRunning);
+    }
+    if pod.mirror
+        || pod
+            .annotations
+            .get("kubernetes.io/config.source")
+            .is_some_and(|s| s != "api")
+    {
+        return Err(Skip::MirrorPod);
+    }
+    if pod.namespace == crate::ingest::KAI_RESERVATION_NS {
+        return Err(Skip::KaiReservation);
+    }
+    match pod.owner.as_ref().map(|o| o.kind.as_str()) {
+        None | Some("Node") => return Err(Skip::NoController),
+        Some("DaemonSet") => return Err(Skip::DaemonSet),
+        Some("Job") if !policy.evict_job_pods => return Err(Skip::JobPod),
+        _ => {}
+    }
+    if pod.local_storage && !policy.evict_local_storage {
+        return Err(Skip::LocalStorage);
+    }
+    if let Some(pc) = &pod.priority_class
+        && policy.protected_classes.contains(pc)
+    {
+        return Err(Skip::ProtectedClass);
+    }
+    if policy.max_priority.is_some_and(|m| pod.priority > m) {
+        return Err(Skip::Priority);
+    }
+    let age = match (now, pod.created) {
+        (Some(now), Some(c)) => Some((now - c).to_std().unwrap_or_default()),
+        _ => None,
+    };
+    if pod
+        .annotations
+        .get(gpu_defrag_api::DO_NOT_DISRUPT)
+        .is_some_and(|v| v.trim() != "false")
+    {
+        return Err(Skip::OptOut);
+    }
+    if let Some(v) = pod
+        .annotations
+        .get(gpu_defrag_api::KARPENTER_DO_NOT_DISRUPT)
+    {
+        let v = v.trim();
+        if v != "false" {
+            // "true", or a duration: protected while younger than it. Anything else, or
+            // an unknown age: protected (never evict on a guess).
+            let protected = match parse_duration(v) {
+                Ok(d) => age.is_none_or(|a| a < d),
+                Err(_) => true,
+            };
+            if protected {
+                return Err(Skip::OptOut);
+            }
+        }
+    }
+    if !policy.min_pod_age.is_zero() && age.is_none_or(|a| a < policy.min_pod_age) && now.is_some()
+    {
+        return Err(Skip::TooYoung);
+    }
+    if history.evicted.contains(&pod.key()) {
+        return Err(Skip::AlreadyMoved);
+    }
+    let pdbs = cluster
+        .pdbs
+        .iter()
+        .filter(|b| {
+            b.namespace == pod.namespace
+                && b.selector.as_ref().is_some_and(|s| s.matches(&pod.labels))
+        })
+        .count();
+    if pdbs > 1 {
+        return Err(Skip::MultiplePdbs);
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone)]
+struct Unit {
+    kind: UnitKind,
+    node: usize,
+    gpu: Option<usize>,
+    pods: Vec<usize>,
+}
+
+/// Mutable planning state.
+struct State<'a> {
+    c: &'a Cluster,
+    p: &'a Policy,
+    shapes: Vec<TargetShape>,
+    cap: Capacity,
+    counted: Vec<bool>,
+    /// Nodes that may not receive pods (drained, fenced).
+    no_target: Vec<bool>,
+    /// GPUs that may not receive pods.
+    no_target_gpu: BTreeSet<(usize, usize)>,
+    /// Nodes that received pods (never drained afterwards).
+    received: Vec<bool>,
+    moved: Vec<bool>,
+    /// Target index: (free milli on the node, node) for counted nodes.
+    index: BTreeSet<(u64, usize)>,
+    node_free: Vec<u64>,
+    frag_cache: Vec<f64>,
+    per_node: Vec<u32>,
+    per_ns: HashMap<String, u32>,
+    pdb_left: Vec<i64>,
+    pod_pdb: Vec<Option<usize>>,
+    total: u32,
+    pending: Vec<usize>,
+}
+
+/// A placement decided during evaluation.
+type Placement = (usize, usize, Vec<usize>);
+
+impl<'a> State<'a> {
+    fn node_frag(&self, n: usize) -> f64 {
+        if !self.counted[n] {
+            return 0.0;
+        }
+        frag::node_fragment(
+            &self.c.nodes[n],
+            &self.cap.free[n],
+            self.cap.cpu_free[n],
+            self.cap.mem_free[n],
+            &self.shapes,
+        )
+    }
+
+    fn set_free(&mut self, n: usize) {
+        let f: u64 = self.cap.free[n].iter().map(|x| u64::from(*x)).sum();
+        if self.counted[n] {
+            self.index.remove(&(self.node_free[n], n));
+            self.index.insert((f, n));
+        }
+        self.node_free[n] = f;
+    }
+
+    fn take(&mut self, pod: usize) {
+        let p = &self.c.pods[pod];
+        let Some(n) = p.node else { return };
+        match &p.gpu {
+            GpuUse::Devices(d) => {
+                for (g, m) in d {
+                    if let Some(f) = self.cap.free[n].get_mut(*g) {
+                        *f = (*f + m).min(GPU_MILLI);
+                    }
+                }
+            }
+            GpuUse::Whole(w) => {
+                // Node granularity: free the first `w` used GPUs.
+                let mut left = *w;
+                for f in self.cap.free[n].iter_mut() {
+                    if left > 0 && *f == 0 {
+                        *f = GPU_MILLI;
+                        left -= 1;
+                    }
+                }
+            }
+            _ => {}
+        }
+        self.cap.cpu_free[n] += p.cpu;
+        self.cap.mem_free[n] += p.mem;
+        self.cap.pods_free[n] += 1;
+        self.set_free(n);
+    }
+
+    fn put(&mut self, pod: usize, n: usize, devs: &[usize]) {
+        let p = &self.c.pods[pod];
+        let milli = p.shape.map(|s| s.milli).unwrap_or(GPU_MILLI);
+        for d in devs {
+            if let Some(f) = self.cap.free[n].get_mut(*d) {
+                *f = f.saturating_sub(milli);
+            }
+        }
+        self.cap.cpu_free[n] = self.cap.cpu_free[n].saturating_sub(p.cpu);
+        self.cap.mem_free[n] = self.cap.mem_free[n].saturating_sub(p.mem);
+        self.cap.pods_free[n] = self.cap.pods_free[n].saturating_sub(1);
+        self.set_free(n);
+    }
+
+    fn unput(&mut self, pod: usize, n: usize, devs: &[usize]) {
+        let p = &self.c.pods[pod];
+        let milli = p.shape.map(|s| s.milli).unwrap_or(GPU_MILLI);
+        for d in devs {
+            if let Some(f) = self.cap.free[n].get_mut(*d) {
+                *f = (*f + milli).min(GPU_MILLI);
+            }
+        }
+        self.cap.cpu_free[n] += p.cpu;
+        self.cap.mem_free[n] += p.mem;
+        self.cap.pods_free[n] += 1;
+        self.set_free(n);
+    }
+
+    /// Best target for a pod: the fullest node that fits (MostAllocated), best-fit device.
+    fn target(&self, pod: usize, src: usize, unit: &Unit) -> Option<(usize, Vec<usize>)> {
+        let p = &self.c.pods[pod];
+        let shape = p.shape?;
+        let need = u64::from(shape.gpus) * u64::from(shape.milli);
+        for &(_, n) in self.index.range((need, 0)..).take(512) {
+            if self.no_target[n] || (unit.kind != UnitKind::Gpu && n == src) {
+                continue;
+            }
+            let node = &self.c.nodes[n];
+            let mut free = self.cap.free[n].clone();
+            for (i, f) in free.iter_mut().enumerate() {
+                if self.no_target_gpu.contains(&(n, i))
+                    || (unit.kind == UnitKind::Gpu && n == src && Some(i) == unit.gpu)
+                {
+                    *f = 0;
+                }
+            }
+            // Shares land on a device as full as the scheme's best fit picks; the
+            // node-granularity scheduler needs whole GPUs.
+            if node.granularity == Granularity::Node && shape.milli < GPU_MILLI {
+                continue;
+            }
+            if node.scheme != p.scheme.unwrap_or(node.scheme) {
+                continue;
+            }
+            if let Some(devs) = sched::fits(
+                p,
+                node,
+                &free,
+                self.cap.cpu_free[n],
+                self.cap.mem_free[n],
+                self.cap.pods_free[n],
+            ) {
+                return Some((n, devs));
+            }
+        }
+        None
+    }
+
+    /// Evaluates a unit on the current state: its placements and fragment gain.
+    fn eval(&mut self, u: &Unit) -> Option<(f64, Vec<Placement>)> {
+        if u.pods.is_empty()
+            || self.received[u.node]
+            || (u.kind == UnitKind::Node && self.no_target[u.node] && self.per_node[u.node] > 0)
+        {
+            return None;
+        }
+        let k = u.pods.len() as u32;
+        if self.total + k > self.p.max_evictions_per_run
+            || self.per_node[u.node] + k > self.p.max_evictions_per_node
+        {
+            return None;
+        }
+        let mut ns: HashMap<&str, u32> = HashMap::new();
+        let mut owners: HashMap<&Owner, u32> = HashMap::new();
+        let mut pdb: HashMap<usize, i64> = HashMap::new();
+        for &pi in &u.pods {
+            let p = &self.c.pods[pi];
+            if self.moved[pi] {
+                return None;
+            }
+            let e = ns.entry(p.namespace.as_str()).or_default();
+            *e += 1;
+            if self.per_ns.get(&p.namespace).copied().unwrap_or(0) + *e
+                > self.p.max_evictions_per_namespace
+            {
+                return None;
+            }
+            if let Some(o) = &p.owner {
+                let e = owners.entry(o).or_default();
+                *e += 1;
+                if *e > self.p.max_unavailable_per_workload {
+                    return None;
+                }
+            }
+            if let Some(b) = self.pod_pdb[pi] {
+                let e = pdb.entry(b).or_default();
+                *e += 1;
+                if *e > self.pdb_left[b] {
+                    return None;
+                }
+            }
+        }
+        let src = u.node;
+        let pending_before = self.pending_fits(src);
+        let mut touched: Vec<usize> = vec![src];
+        let before_src = self.frag_cache[src];
+        for &pi in &u.pods {
+            self.take(pi);
+        }
+        let mut placed: Vec<Placement> = Vec::new();
+        let mut ok = true;
+        let mut order = u.pods.clone();
+        // Largest first (hardest to place), then by pod order.
+        order.sort_by_key(|&pi| (std::cmp::Reverse(self.c.pods[pi].held_milli()), pi));
+        let mut before_targets: HashMap<usize, f64> = HashMap::new();
+        for &pi in &order {
+            match self.target(pi, src, u) {
+                Some((n, devs)) => {
+                    before_targets.entry(n).or_insert(self.frag_cache[n]);
+                    self.put(pi, n, &devs);
+                    if !touched.contains(&n) {
+                        touched.push(n);
+                    }
+                    placed.push((pi, n, devs));
+                }
+                None => {
+                    ok = false;
+                    break;
+                }
+            }
+        }
+        let mut gain = 0.0;
+        if ok {
+            gain += before_src - self.node_frag(src);
+            for (&n, &b) in &before_targets {
+                if n != src {
+                    gain += b - self.node_frag(n);
+                }
+            }
+            if self.p.from_pending && !pending_before {
+                let after = self.pending_fits(src);
+                if after {
+                    gain += 10.0 * f64::from(GPU_MILLI) * 8.0;
+                }
+            }
+        }
+        for (pi, n, devs) in placed.iter().rev() {
+            self.unput(*pi, *n, devs);
+        }
+        for &pi in u.pods.iter().rev() {
+            self.untake(pi);
+        }
+        (ok && gain > 1e-9).then_some((gain, placed))
+    }
+
+    fn untake(&mut self, pod: usize) {
+        let p = &self.c.pods[pod];
+        let Some(n) = p.node else { return };
+        match &p.gpu {
+            GpuUse::Devices(d) => {
+                for (g, m) in d {
+                    if let Some(f) = self.cap.free[n].get_mut(*g) {
+                        *f = f.saturating_sub(*m);
+                    }
+                }
+            }
+            GpuUse::Whole(w) => {
+                let mut left = *w;
+                for f in self.cap.free[n].iter_mut().rev() {
+                    if left > 0 && *f == GPU_MILLI {
+                        *f = 0;
+                        left -= 1;
+                    }
+                }
+            }
+            _ => {}
+        }
+        self.cap.cpu_free[n] = self.cap.cpu_free[n].saturating_sub(p.cpu);
+        self.cap.mem_free[n] = self.cap.mem_free[n].saturating_sub(p.mem);
+        self.cap.pods_free[n] = self.cap.pods_free[n].saturating_sub(1);
+        self.set_free(n);
+    }
+
+    /// Whether some unplaceable pending pod would fit on node `n` now.
+    fn pending_fits(&self, n: usize) -> bool {
+        if self.pending.is_empty() || !self.counted[n] {
+            return false;
+        }
+        let node = &self.c.nodes[n];
+        self.pending.iter().any(|&pi| {
+            sched::fits(
+                &self.c.pods[pi],
+                node,
+                &self.cap.free[n],
+                self.cap.cpu_free[n],
+                self.cap.mem_free[n],
+                self.cap.pods_free[n],
+            )
+            .is_some()
+        })
+    }
+
+    fn commit(&mut self, u: &Unit, placed: &[Placement]) {
+        for &pi in &u.pods {
+            self.take(pi);
+            self.moved[pi] = true;
+            let p = &self.c.pods[pi];
+            *self.per_ns.entry(p.namespace.clone()).or_default() += 1;
+            if let Some(b) = self.pod_pdb[pi] {
+                self.pdb_left[b] -= 1;
+            }
+        }
+        for (pi, n, devs) in placed {
+            self.put(*pi, *n, devs);
+            self.received[*n] = true;
+            self.frag_cache[*n] = self.node_frag(*n);
+        }
+        self.per_node[u.node] += u.pods.len() as u32;
+        self.total += u.pods.len() as u32;
+        match u.kind {
+            UnitKind::Gpu => {
+                if let Some(g) = u.gpu {
+                    self.no_target_gpu.insert((u.node, g));
+                }
+            }
+            UnitKind::Node | UnitKind::Group => self.no_target[u.node] = true,
+        }
+        self.frag_cache[u.node] = self.node_frag(u.node);
+    }
+
+    fn totals(&self) -> Totals {
+        frag::totals(self.c, &self.cap, &self.p.scope, &self.shapes)
+    }
+}
+
+fn units(
+    c: &Cluster,
+    shapes: &[TargetShape],
+    ok: &[bool],
+    counted: &[bool],
+    free: &[Vec<Milli>],
+) -> Vec<Unit> {
+    let mut by_node: Vec<Vec<usize>> = vec![Vec::new(); c.nodes.len()];
+    for (i, p) in c.pods.iter().enumerate() {
+        if let Some(n) = p.node
+            && p.is_active_bound()
+            && p.held_milli() > 0
+        {
+            by_node[n].push(i);
+        }
+    }
+    let mut out = Vec::new();
+    for (n, pods) in by_node.iter().enumerate() {
+        if !counted[n] || pods.is_empty() || !pods.iter().all(|&p| ok[p]) {
+            // All or nothing: one unmovable GPU pod keeps the node from being drained…
+            if counted[n] && !pods.is_empty() {
+                // …but single GPUs / groups without it may still be.
+                add_partial_units(c, n, pods, ok, shapes, free, &mut out);
+            }
+            continue;
+        }
+        out.push(Unit {
+            kind: UnitKind::Node,
+            node: n,
+            gpu: None,
+            pods: pods.clone(),
+        });
+        add_partial_units(c, n, pods, ok, shapes, free, &mut out);
+    }
+    out
+}
+
+fn add_partial_units(
+    c: &Cluster,
+    n: usize,
+    pods: &[usize],
+    ok: &[bool],
+    shapes: &[TargetShape],
+    free: &[Vec<Milli>],
+    out: &mut Vec<Unit>,
+) {
+    let node = &c.nodes[n];
+    match node.granularity {
+        Granularity::Device => {
+            for g in 0..node.gpus.len() {
+                let on: Vec<usize> = pods
+                    .iter()
+                    .copied()
+                    .filter(|&p| matches!(&c.pods[p].gpu, GpuUse::Devices(d) if d.iter().any(|(x, _)| *x == g)))
+                    .collect();
+                if !on.is_empty() && on.iter().all(|&p| ok[p]) && on.len() < pods.len() {
+                    out.push(Unit {
+                        kind: UnitKind::Gpu,
+                        node: n,
+                        gpu: Some(g),
+                        pods: on,
+                    });
+                }
+            }
+        }
+        Granularity::Node => {
+            let have = free[n].iter().filter(|f| **f == GPU_MILLI).count();
+            let mut movable: Vec<usize> = pods.iter().copied().filter(|&p| ok[p]).collect();
+            movable.sort_by_key(|&p| (c.pods[p].held_milli(), p));
+            let mut seen: BTreeSet<Vec<usize>> = BTreeSet::new();
+            for s in shapes {
+                let k = s.gpus as usize;
+                if k == 0
+                    || k <= have
+                    || k > node.gpus.len()
+                    || s.milli_per_gpu < GPU_MILLI && k == 1 && have > 0
+                {
+                    continue;
+                }
+                let mut got = have;
+                let mut group = Vec::new();
+                for &p in &movable {
+                    if got >= k {
+                        break;
+                    }
+                    group.push(p);
+                    got += (c.pods[p].held_milli() / u64::from(GPU_MILLI)) as usize;
+                }
+                if got >= k && group.len() < pods.len() && seen.insert(group.clone()) {
+                    out.push(Unit {
+                        kind: UnitKind::Group,
+                        node: n,
+                        gpu: None,
+                        pods: group,
+                    });
+                }
+            }
+        }
+    }
+}
+
+#[derive(PartialEq)]
+struct Cand {
+    score: f64,
+    id: usize,
+}
+impl Eq for Cand {}
+impl PartialOrd for Cand {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Cand {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        // Max-heap on score; lower id first on ties (deterministic).
+        self.score.total_cmp(&o.score).then(o.id.cmp(&self.id))
+    }
+}
+
+/// Plans a run. `now` measures pod ages (None: ages unknown — then `minPodAge > 0`
+/// protects every pod only when a clock is given; snapshots without a clock skip it).
+pub fn plan(
+    cluster: &Cluster,
+    policy: &Policy,
+    now: Option<DateTime<Utc>>,
+    history: &History,
+) -> Plan {
+    let shapes = frag::target_shapes(cluster, policy);
+    let cap = Capacity::of(cluster);
+    let counted: Vec<bool> = cluster
+        .nodes
+        .iter()
+        .map(|n| frag::counted(n, &policy.scope))
+        .collect();
+    let before = frag::totals(cluster, &cap, &policy.scope, &shapes);
+
+    // PDB per pod and remaining allowances.
+    let mut pod_pdb = vec![None; cluster.pods.len()];
+    let pdb_left: Vec<i64> = cluster
+        .pdbs
+        .iter()
+        .map(|b| b.disruptions_allowed.max(0))
+        .collect();
+    let mut skipped: BTreeMap<String, u64> = BTreeMap::new();
+    let mut ok = vec![false; cluster.pods.len()];
+    for (i, p) in cluster.pods.iter().enumerate() {
+        if !(p.is_active_bound() && p.node.is_some() && (p.held_milli() > 0 || p.is_unknown())) {
+            continue;
+        }
+        let r = movable(p, cluster, policy, now, history).and_then(|()| {
+            let b = cluster.pdbs.iter().position(|b| {
+                b.namespace == p.namespace
+                    && b.selector.as_ref().is_some_and(|s| s.matches(&p.labels))
+            });
+            pod_pdb[i] = b;
+            match b {
+                Some(b) if pdb_left[b] <= 0 => Err(Skip::PdbExhausted),
+                _ => Ok(()),
+            }
+        });
+        match r {
+            Ok(()) => ok[i] = true,
+            Err(s) => *skipped.entry(s.code().to_string()).or_default() += 1,
+        }
+    }
+
+    let mut per_node = vec![0u32; cluster.nodes.len()];
+    for (name, v) in &history.per_node {
+        if let Some(i) = cluster.node_index(name) {
+            per_node[i] = *v;
+        }
+    }
+    let mut st = State {
+        c: cluster,
+        p: policy,
+        shapes: shapes.clone(),
+        node_free: cap
+            .free
+            .iter()
+            .map(|f| f.iter().map(|x| u64::from(*x)).sum())
+            .collect(),
+        cap,
+        counted: counted.clone(),
+        no_target: vec![false; cluster.nodes.len()],
+        no_target_gpu: BTreeSet::new(),
+        received: vec![false; cluster.nodes.len()],
+        moved: vec![false; cluster.pods.len()],
+        index: BTreeSet::new(),
+        frag_cache: vec![0.0; cluster.nodes.len()],
+        per_node,
+        per_ns: history
+            .per_namespace
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect(),
+        pdb_left,
+        pod_pdb,
+        total: history.evicted.len() as u32,
+        pending: Vec::new(),
+    };
+    for n in 0..cluster.nodes.len() {
+        if counted[n] {
+            st.index.insert((st.node_free[n], n));
+        }
+        st.frag_cache[n] = st.node_frag(n);
+    }
+    if policy.from_pending {
+        st.pending = frag::unplaceable_pending(cluster, &st.cap, &policy.scope);
+    }
+
+    let all_units = units(cluster, &shapes, &ok, &counted, &st.cap.free);
+    let mut heap = BinaryHeap::new();
+    for (id, u) in all_units.iter().enumerate() {
+        if let Some((gain, _)) = st.eval(u) {
+            heap.push(Cand {
+                score: gain / u.pods.len() as f64,
+                id,
+            });
+        }
+    }
+    let mut moves = Vec::new();
+    let mut batches = Vec::new();
+    let mut pending_served = Vec::new();
+    while let Some(top) = heap.pop() {
+        if st.total >= policy.max_evictions_per_run {
+            break;
+        }
+        let u = &all_units[top.id];
+        let Some((gain, placed)) = st.eval(u) else {
+            continue;
+        };
+        let score = gain / u.pods.len() as f64;
+        if let Some(next) = heap.peek()
+            && score + 1e-9 < next.score
+        {
+            heap.push(Cand { score, id: top.id });
+            continue;
+        }
+        st.commit(u, &placed);
+        let mut newly_served = Vec::new();
+        if policy.from_pending {
+            let node = &cluster.nodes[u.node];
+            if let Some(pos) = st.pending.iter().position(|&pi| {
+                sched::fits(
+                    &cluster.pods[pi],
+                    node,
+                    &st.cap.free[u.node],
+                    st.cap.cpu_free[u.node],
+                    st.cap.mem_free[u.node],
+                    st.cap.pods_free[u.node],
+                )
+                .is_some()
+            }) {
+                newly_served.push(st.pending.remove(pos));
+            }
+        }
+        let batch = batches.len();
+        for (pi, n, devs) in &placed {
+            let p = &cluster.pods[*pi];
+            let from = &cluster.nodes[u.node];
+            let from_devices = match &p.gpu {
+                GpuUse::Devices(d) if from.granularity == Granularity::Device => {
+                    d.iter().map(|(g, _)| from.gpus[*g].key.clone()).collect()
+                }
+                _ => Vec::new(),
+            };
+            let to = &cluster.nodes[*n];
+            let to_devices = if to.granularity == Granularity::Device {
+                devs.iter().map(|g| to.gpus[*g].key.clone()).collect()
+            } else {
+                Vec::new()
+            };
+            let reason = match u.kind {
+                UnitKind::Node => format!("empty node {}", from.name),
+                UnitKind::Gpu => format!(
+                    "empty GPU {} on {}",
+                    u.gpu.map(|g| from.gpus[g].key.as_str()).unwrap_or("?"),
+                    from.name
+                ),
+                UnitKind::Group => format!("free whole GPUs on {}", from.name),
+            };
+            moves.push(Move {
+                pod: p.key(),
+                pod_index: *pi,
+                from_node: from.name.clone(),
+                from_devices,
+                to_node: to.name.clone(),
+                to_devices,
+                batch,
+                reason,
+            });
+        }
+        for pi in newly_served {
+            pending_served.push(cluster.pods[pi].key());
+        }
+        batches.push(Batch {
+            kind: u.kind,
+            node: cluster.nodes[u.node].name.clone(),
+            gpu: u.gpu.map(|g| cluster.nodes[u.node].gpus[g].key.clone()),
+            moves: placed.len(),
+            gain_milli: gain,
+            after: st.totals(),
+        });
+    }
+    let after = batches.last().map(|b| b.after).unwrap_or(before);
+    let fenced_nodes = batches
+        .iter()
+        .filter(|b| b.kind != UnitKind::Gpu)
+        .map(|b| b.node.clone())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    Plan {
+        before,
+        after,
+        moves,
+        batches,
+        skipped,
+        shapes,
+        fenced_nodes,
+        pending_served,
+    }
+}

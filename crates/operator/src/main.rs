@@ -1,0 +1,104 @@
+#![forbid(unsafe_code)]
+//! `gpu-defrag`: the operator and its CLI.
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use gpu_defrag_core::{frag, ingest, policy::Policy};
+
+mod input;
+mod render;
+
+#[derive(Parser)]
+#[command(
+    name = "gpu-defrag",
+    version,
+    about = "GPU defragmentation descheduler for Kubernetes"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Print the DefragPolicy CRD as YAML.
+    Crd,
+    /// Measure GPU fragmentation of a snapshot file or of the live cluster (read-only).
+    Report {
+        /// A `v1` List (YAML or JSON) as `kubectl get nodes,pods,pdb -A -o yaml` prints it.
+        /// Without it, the cluster of the current kubeconfig context is read.
+        #[arg(long)]
+        snapshot: Option<PathBuf>,
+        /// A DefragPolicy YAML: its nodeSelector, namespaces and target shapes apply.
+        #[arg(long)]
+        policy: Option<PathBuf>,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value = "table")]
+        output: Output,
+        /// Heatmap rows at most (table output).
+        #[arg(long, default_value_t = 40)]
+        max_rows: usize,
+    },
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            if let Some(input) = e.downcast_ref::<input::InputError>() {
+                eprintln!("error: {input}");
+                return ExitCode::from(2);
+            }
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.cmd {
+        Cmd::Crd => print!("{}", gpu_defrag_api::crd_yaml()),
+        Cmd::Report {
+            snapshot,
+            policy,
+            output,
+            max_rows,
+        } => {
+            let policy = match policy {
+                Some(p) => input::read_policy(&p)?.1,
+                None => Policy::default(),
+            };
+            let (objs, now) = match snapshot {
+                Some(path) => (input::read_snapshot(&path)?, None),
+                None => {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()?;
+                    let objs = rt.block_on(async {
+                        let client = kube::Client::try_default().await?;
+                        input::read_live(client).await
+                    })?;
+                    (objs, Some(chrono::Utc::now()))
+                }
+            };
+            let cluster = ingest::build_cluster(&objs, now);
+            let report = frag::report(&cluster, &policy);
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+                Output::Table => {
+                    print!("{}", render::summary(&report));
+                    println!();
+                    print!("{}", render::heatmap(&report, max_rows));
+                }
+            }
+        }
+    }
+    Ok(())
+}
