@@ -1,0 +1,123 @@
+//! Small building blocks for e2e tests: GPU workloads and polling.
+
+use std::{future::Future, time::Duration};
+
+use anyhow::{Context, Result, anyhow};
+use k8s_openapi::api::{apps::v1::Deployment, core::v1::Pod, policy::v1::PodDisruptionBudget};
+use kube::{Api, Client, api::ListParams};
+use serde_json::json;
+
+use crate::cluster::GPU_RESOURCE;
+
+/// Image of the fake workloads; kwok never pulls it.
+pub const FAKE_IMAGE: &str = "registry.invalid/gpu-defrag/fake-gpu-workload:latest";
+
+/// Polls `probe` every 200 ms until it returns `Ok(Some(_))`, for at most `timeout`.
+/// Errors from `probe` are retried; the last one is reported on timeout.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut last_error = None;
+    loop {
+        match probe().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_error = Some(e),
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let msg = format!("timed out after {timeout:?} waiting for {what}");
+            return Err(match last_error {
+                Some(e) => e.context(msg),
+                None => anyhow!(msg),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A Deployment of `replicas` pods labelled `app=<name>`, each asking for `gpus` whole
+/// GPUs (limits), 1 CPU and 1Gi.
+pub fn gpu_deployment(name: &str, replicas: i32, gpus: u32) -> Result<Deployment> {
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{
+                        "name": "main",
+                        "image": FAKE_IMAGE,
+                        "resources": {
+                            "requests": {"cpu": "1", "memory": "1Gi"},
+                            "limits": {"cpu": "1", "memory": "1Gi", GPU_RESOURCE: gpus.to_string()},
+                        },
+                    }],
+                },
+            },
+        },
+    }))
+    .context("building a Deployment")
+}
+
+/// A PodDisruptionBudget `name` over `app=<app>` with an integer `minAvailable`.
+pub fn min_available_pdb(name: &str, app: &str, min_available: i32) -> Result<PodDisruptionBudget> {
+    serde_json::from_value(json!({
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name},
+        "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": app}}},
+    }))
+    .context("building a PodDisruptionBudget")
+}
+
+/// Whether the pod is Running, Ready and not being deleted.
+pub fn pod_ready(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && pod.status.as_ref().is_some_and(|s| {
+            s.phase.as_deref() == Some("Running")
+                && s.conditions
+                    .as_ref()
+                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+}
+
+/// Pods in `ns` matching `selector`.
+pub async fn pods(client: &Client, ns: &str, selector: &str) -> Result<Vec<Pod>> {
+    Ok(Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(selector))
+        .await
+        .with_context(|| format!("listing pods {selector} in {ns}"))?
+        .items)
+}
+
+/// Waits until exactly `n` pods match `selector` in `ns`, all Ready; returns them.
+pub async fn wait_ready_pods(
+    client: &Client,
+    ns: &str,
+    selector: &str,
+    n: usize,
+    timeout: Duration,
+) -> Result<Vec<Pod>> {
+    wait_for(
+        &format!("{n} ready pods {selector} in {ns}"),
+        timeout,
+        || async {
+            let pods = pods(client, ns, selector).await?;
+            let live: Vec<&Pod> = pods
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .collect();
+            Ok((live.len() == n && live.iter().all(|p| pod_ready(p)))
+                .then(|| live.into_iter().cloned().collect()))
+        },
+    )
+    .await
+}
