@@ -46,6 +46,18 @@ enum Cmd {
         #[arg(long, default_value_t = 40)]
         max_rows: usize,
     },
+    /// Plan migrations for a snapshot and a policy: report before, the moves, report after.
+    Plan {
+        /// A `v1` List (YAML or JSON). Without it, the live cluster (read-only).
+        #[arg(long)]
+        snapshot: Option<PathBuf>,
+        /// A DefragPolicy YAML (limits, safety, shapes, scope).
+        #[arg(long)]
+        policy: Option<PathBuf>,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value = "table")]
+        output: Output,
+    },
 }
 
 fn main() -> ExitCode {
@@ -75,19 +87,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Some(p) => input::read_policy(&p)?.1,
                 None => Policy::default(),
             };
-            let (objs, now) = match snapshot {
-                Some(path) => (input::read_snapshot(&path)?, None),
-                None => {
-                    let rt = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()?;
-                    let objs = rt.block_on(async {
-                        let client = kube::Client::try_default().await?;
-                        input::read_live(client).await
-                    })?;
-                    (objs, Some(chrono::Utc::now()))
-                }
-            };
+            let (objs, now) = load(snapshot)?;
             let cluster = ingest::build_cluster(&objs, now);
             let report = frag::report(&cluster, &policy);
             match output {
@@ -99,6 +99,57 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             }
         }
+        Cmd::Plan {
+            snapshot,
+            policy,
+            output,
+        } => {
+            let policy = match policy {
+                Some(p) => input::read_policy(&p)?.1,
+                None => Policy::default(),
+            };
+            let (objs, now) = load(snapshot)?;
+            let cluster = ingest::build_cluster(&objs, now);
+            let before = frag::report(&cluster, &policy);
+            let plan = gpu_defrag_core::plan::plan(&cluster, &policy, now, &Default::default());
+            let after_cluster = gpu_defrag_core::plan::apply(&cluster, &plan);
+            let after = frag::report(&after_cluster, &policy);
+            match output {
+                Output::Json => {
+                    let v = serde_json::json!({
+                        "before": before,
+                        "after": after,
+                        "moves": plan.moves,
+                        "batches": plan.batches,
+                        "evictions": plan.moves.len(),
+                        "skipped": plan.skipped,
+                        "fencedNodes": plan.fenced_nodes,
+                        "pendingServed": plan.pending_served,
+                    });
+                    println!("{}", serde_json::to_string_pretty(&v)?);
+                }
+                Output::Table => print!("{}", render::plan(&before, &after, &plan)),
+            }
+        }
     }
     Ok(())
+}
+
+/// Objects from a snapshot file, or from the live cluster with the current time.
+fn load(
+    snapshot: Option<PathBuf>,
+) -> anyhow::Result<(ingest::Objects, Option<chrono::DateTime<chrono::Utc>>)> {
+    Ok(match snapshot {
+        Some(path) => (input::read_snapshot(&path)?, None),
+        None => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let objs = rt.block_on(async {
+                let client = kube::Client::try_default().await?;
+                input::read_live(client).await
+            })?;
+            (objs, Some(chrono::Utc::now()))
+        }
+    })
 }

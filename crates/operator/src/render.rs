@@ -149,3 +149,43 @@ mod tests {
         assert_eq!(cell(500), '▒');
     }
 }
+
+/// The plan as a table: before, moves, after.
+pub fn plan(before: &Report, after: &Report, p: &gpu_defrag_core::plan::Plan) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "BEFORE");
+    s.push_str(&summary(before));
+    let _ = writeln!(
+        s,
+        "\nPLAN: {} evictions in {} batches",
+        p.moves.len(),
+        p.batches.len()
+    );
+    for (i, b) in p.batches.iter().enumerate() {
+        let unit = match &b.gpu {
+            Some(g) => format!("{:?} {} {}", b.kind, b.node, g),
+            None => format!("{:?} {}", b.kind, b.node),
+        };
+        let _ = writeln!(
+            s,
+            "  batch {i:>3}  {unit:<40} {} moves, fragment after {}",
+            b.moves,
+            pct(b.after.fragment_rate)
+        );
+        for m in p.moves.iter().filter(|m| m.batch == i) {
+            let to = if m.to_devices.is_empty() {
+                m.to_node.clone()
+            } else {
+                format!("{} {}", m.to_node, m.to_devices.join(","))
+            };
+            let _ = writeln!(s, "             {} → {to}", m.pod);
+        }
+    }
+    if !p.skipped.is_empty() {
+        let skipped: Vec<String> = p.skipped.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(s, "  not movable: {}", skipped.join(", "));
+    }
+    let _ = writeln!(s, "\nAFTER (expected)");
+    s.push_str(&summary(after));
+    s
+}
