@@ -25,7 +25,11 @@ pub async fn shared() -> Result<&'static TestCluster> {
         .await;
     match started {
         Ok(cluster) => {
-            eprintln!("{}", cluster.describe());
+            eprintln!(
+                "{} (started in {:.1}s)",
+                cluster.describe(),
+                cluster.started_in().as_secs_f64()
+            );
             Ok(cluster)
         }
         Err(e) => Err(anyhow!("the shared e2e cluster did not start: {e}")),

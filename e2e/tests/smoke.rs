@@ -246,6 +246,45 @@ async fn evicted_deployment_pod_is_recreated_and_ready() {
     assert!(after[0].spec.as_ref().unwrap().node_name.is_some());
 }
 
+/// A user certificate outside system:masters gets only what RBAC grants it.
+#[tokio::test]
+async fn restricted_user_is_bound_by_rbac() {
+    let cluster = cluster().await;
+    let ns = cluster.namespace("rbac").await.unwrap();
+    let user = format!("viewer-{}", ns.name());
+    let restricted = cluster.user_client(&user, &["e2e:viewers"]).unwrap();
+    let pods_as_user: Api<Pod> = Api::namespaced(restricted, ns.name());
+    let err = pods_as_user.list(&ListParams::default()).await.unwrap_err();
+    assert_eq!(api_code(&err), Some(403), "{err:?}");
+
+    let binding: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "view"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }))
+    .unwrap();
+    Api::namespaced(cluster.client().unwrap(), ns.name())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    wait_for("RBAC to allow listing pods", T, || async {
+        Ok(pods_as_user
+            .list(&ListParams::default())
+            .await
+            .ok()
+            .map(|_| ()))
+    })
+    .await
+    .unwrap();
+    let kubeconfig = cluster.user_kubeconfig(&user, &[]).unwrap();
+    let out = std::process::Command::new(cluster.kubectl_path())
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args(["auth", "can-i", "list", "nodes"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "no");
+}
+
 /// The DefragPolicy CRD from crds/: where it is served and how it is scoped.
 fn defragpolicy_resource(crds: &Path) -> Option<(ApiResource, bool)> {
     let text = std::fs::read_to_string(crds.join("defragpolicy.yaml")).ok()?;

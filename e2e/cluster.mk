@@ -1,0 +1,31 @@
+# Local Kubernetes control plane: build, persistent cluster for people, e2e tests.
+# Included from the top-level Makefile; see docs/development.md.
+#
+#   make cluster-build                 build/cached binaries (e2e/cluster/build.sh)
+#   make cluster-up [NODES=8 GPUS=8 GPU_MODEL=NVIDIA-A100-SXM4-80GB]
+#   make cluster-status
+#   make cluster-down
+#   make e2e                           end-to-end tests (one stack per test binary)
+
+NODES ?= 8
+GPUS ?= 8
+GPU_MODEL ?= NVIDIA-A100-SXM4-80GB
+CLUSTER_DIR ?= $(CURDIR)/.cluster
+CLUSTER_CLI = cargo run --quiet -p gpu-defrag-e2e --bin gpu-defrag-cluster --
+
+.PHONY: cluster-build cluster-up cluster-down cluster-status e2e
+
+cluster-build:
+	@e2e/cluster/build.sh >/dev/null
+
+cluster-up: cluster-build
+	$(CLUSTER_CLI) up --dir "$(CLUSTER_DIR)" --nodes $(NODES) --gpus $(GPUS) --model "$(GPU_MODEL)"
+
+cluster-status:
+	$(CLUSTER_CLI) status --dir "$(CLUSTER_DIR)"
+
+cluster-down:
+	$(CLUSTER_CLI) down --dir "$(CLUSTER_DIR)"
+
+e2e: cluster-build
+	cargo test -p gpu-defrag-e2e
