@@ -3,6 +3,8 @@
 //! Only types and constants live here: no client, no logic beyond defaults. The CRD
 //! YAML in `crds/` is generated from these types (`gpu-defrag crd`, `make crds`).
 #![forbid(unsafe_code)]
+// The `printcolumn(...)` entries of the CRD derive repeat `type_ = ...` by design.
+#![allow(clippy::duplicated_attributes)]
 
 pub mod v1alpha1;
 

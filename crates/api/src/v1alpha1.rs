@@ -549,6 +549,9 @@ pub struct RunRecord {
     /// `namespace/name` of pods evicted so far (bounded), so a restart never repeats one.
     #[serde(default)]
     pub evicted_pods: Vec<String>,
+    /// Evictions so far per source node (limits hold across a restart).
+    #[serde(default)]
+    pub evicted_per_node: BTreeMap<String, i64>,
     /// Fragment rate at the start.
     pub fragment_rate_before: f64,
     /// Fragment rate at the end.

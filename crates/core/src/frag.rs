@@ -472,8 +472,7 @@ pub(crate) mod tests {
     }
 
     fn policy_with(shapes: Vec<TargetShape>) -> Policy {
-        let mut p = Policy::default();
-        p.shapes = shapes;
+        let mut p = Policy { shapes, ..Policy::default() };
         normalise(&mut p.shapes);
         p
     }

@@ -810,8 +810,8 @@ pub fn plan(
         total: history.evicted.len() as u32,
         pending: Vec::new(),
     };
-    for n in 0..cluster.nodes.len() {
-        if counted[n] {
+    for (n, &is_counted) in counted.iter().enumerate() {
+        if is_counted {
             st.index.insert((st.node_free[n], n));
         }
         st.frag_cache[n] = st.node_frag(n);
