@@ -318,6 +318,11 @@ fn etcd_healthy(port: u16) -> bool {
     buf.contains("\"health\":\"true\"")
 }
 
+/// Whether a component's `/healthz` on `port` answers `ok`.
+async fn healthz_ok(port: u16) -> bool {
+    matches!(insecure_get(port, "/healthz").await, Ok(s) if s.trim() == "ok")
+}
+
 /// GET `path` on a component's secure port, without verifying its self-signed certificate.
 async fn insecure_get(port: u16, path: &str) -> Result<String> {
     let url = format!("https://127.0.0.1:{port}")
@@ -405,17 +410,30 @@ impl TestCluster {
         let sched_cfg = self.write_scheduler_config(&opts.scheduler_config)?;
         // The three clients start in parallel; their health is checked afterwards.
         let kcm_port = free_port()?;
+        let kcm = self.spawn("kube-controller-manager", self.kcm_args(kcm_port))?;
         let sched_port = free_port()?;
-        let kcm = self.spawn_kcm(kcm_port)?;
-        self.push(kcm)?;
-        let sched = self.spawn_scheduler(sched_port, &sched_cfg)?;
-        self.push(sched)?;
+        let sched = self.spawn(
+            "kube-scheduler",
+            Self::scheduler_args(sched_port, &sched_cfg),
+        )?;
         let kwok = self.spawn_kwok()?;
         self.push(kwok)?;
-        self.wait_healthz("kube-controller-manager", kcm_port, opts.timeout)
+        let kcm = self
+            .settle(
+                "kube-controller-manager",
+                kcm,
+                kcm_port,
+                opts.timeout,
+                |p| self.kcm_args(p),
+            )
             .await?;
-        self.wait_healthz("kube-scheduler", sched_port, opts.timeout)
+        self.push(kcm)?;
+        let sched = self
+            .settle("kube-scheduler", sched, sched_port, opts.timeout, |p| {
+                Self::scheduler_args(p, &sched_cfg)
+            })
             .await?;
+        self.push(sched)?;
         if opts.nodes > 0 {
             let nodes = GpuNodes::new(opts.nodes, opts.gpus_per_node).model(opts.gpu_model.clone());
             self.add_nodes(&nodes).await?;
@@ -424,14 +442,6 @@ impl TestCluster {
     }
 
     fn push(&self, c: Component) -> Result<()> {
-        if let Some(reaper) = self
-            .reaper
-            .lock()
-            .map_err(|_| anyhow!("reaper lock"))?
-            .as_mut()
-        {
-            reaper.watch(c.pgid)?;
-        }
         self.components
             .lock()
             .map_err(|_| anyhow!("components lock"))?
@@ -447,9 +457,67 @@ impl TestCluster {
         self.work_dir.join("logs").join(format!("{name}.log"))
     }
 
+    /// Starts a component and registers its process group with the reaper.
     fn spawn(&self, name: &str, args: Vec<String>) -> Result<Component> {
         let envs: Vec<(&str, &Path)> = vec![("HOME", self.work_dir.as_path())];
-        Component::spawn(name, &self.bin(name), &args, &envs, &self.log(name))
+        let c = Component::spawn(name, &self.bin(name), &args, &envs, &self.log(name))?;
+        let mut reaper = self.reaper.lock().map_err(|_| anyhow!("reaper lock"))?;
+        if let Some(reaper) = reaper.as_mut()
+            && let Err(e) = reaper.watch(c.pgid)
+        {
+            drop(c);
+            return Err(e);
+        }
+        Ok(c)
+    }
+
+    /// Stops a component that did not make it, and tells the reaper.
+    fn discard(&self, mut c: Component) {
+        c.stop(Duration::from_secs(2));
+        if let Ok(mut reaper) = self.reaper.lock()
+            && let Some(reaper) = reaper.as_mut()
+        {
+            let _ = reaper.unwatch(c.pgid);
+        }
+    }
+
+    /// Waits for `/healthz` of a component started on `port`; if it lost a port race,
+    /// starts it again on fresh ports.
+    async fn settle(
+        &self,
+        name: &str,
+        mut c: Component,
+        port: u16,
+        timeout: Duration,
+        args: impl Fn(u16) -> Vec<String>,
+    ) -> Result<Component> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if c.exited().is_some() {
+                if c.port_clash() {
+                    self.discard(c);
+                    let started = self
+                        .start_with_ports(name, 1, timeout, |p| args(p[0]), |p| healthz_ok(p[0]))
+                        .await?;
+                    return Ok(started.component);
+                }
+                let err = c.ensure_running().err();
+                self.discard(c);
+                return Err(err.unwrap_or_else(|| anyhow!("{name} exited")));
+            }
+            if healthz_ok(port).await {
+                return Ok(c);
+            }
+            if Instant::now() > deadline {
+                let log = c.log.clone();
+                self.discard(c);
+                bail!(
+                    "{name} not healthy within {timeout:?}; log: {}",
+                    log.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// Starts a component with fresh ports until it is healthy, retrying on port clashes.
@@ -488,13 +556,13 @@ impl TestCluster {
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            if attempt < 3 && c.port_clash() {
-                c.stop(Duration::from_secs(2));
+            let (clash, log) = (c.port_clash(), c.log.clone());
+            self.discard(c);
+            if attempt < 3 && clash {
                 continue;
             }
-            c.stop(Duration::from_secs(2));
             return result
-                .with_context(|| format!("log: {}\n{}", c.log.display(), log_tail(&c.log, 20)));
+                .with_context(|| format!("log: {}\n{}", log.display(), log_tail(&log, 20)));
         }
     }
 
@@ -652,7 +720,7 @@ impl TestCluster {
         ]
     }
 
-    fn spawn_kcm(&self, port: u16) -> Result<Component> {
+    fn kcm_args(&self, port: u16) -> Vec<String> {
         let mut args = vec![
             format!("--kubeconfig={}", self.kubeconfig.display()),
             "--leader-elect=false".into(),
@@ -663,13 +731,13 @@ impl TestCluster {
             "--kube-api-burst=200".into(),
         ];
         args.extend(Self::secure_serving_args(port));
-        self.spawn("kube-controller-manager", args)
+        args
     }
 
-    fn spawn_scheduler(&self, port: u16, config: &Path) -> Result<Component> {
+    fn scheduler_args(port: u16, config: &Path) -> Vec<String> {
         let mut args = vec![format!("--config={}", config.display())];
         args.extend(Self::secure_serving_args(port));
-        self.spawn("kube-scheduler", args)
+        args
     }
 
     fn spawn_kwok(&self) -> Result<Component> {
@@ -689,23 +757,6 @@ impl TestCluster {
             "--node-ip=10.1.0.1".into(),
         ];
         self.spawn("kwok", args)
-    }
-
-    async fn wait_healthz(&self, name: &str, port: u16, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.ensure_running()?;
-            if matches!(insecure_get(port, "/healthz").await, Ok(s) if s.trim() == "ok") {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "{name} not healthy within {timeout:?}; log: {}",
-                    self.log(name).display()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
     }
 
     /// Fails with the log's tail if any component has exited.

@@ -199,15 +199,19 @@ pub fn log_tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// The reaper script. Lines on stdin: a number adds a process group; `done` means the
-/// groups were stopped in order. On EOF without `done` it kills every group, then removes
-/// the work dir unless it holds a `keep` file.
+/// The reaper script. Lines on stdin: a number adds a process group, `-<number>` removes
+/// one (stopped already); `done` means the
+/// groups were stopped in order. On EOF without `done` it kills every group. Then it removes
+/// the work dir, or only its etcd data if the dir holds a `keep` file.
 const REAPER: &str = r#"
 trap '' INT TERM HUP PIPE
 dir="$1"; groups=""; done=0
 while IFS= read -r line; do
   case "$line" in
     done) done=1 ;;
+    -*) g=${line#-}; kept=""
+        for x in $groups; do [ "$x" = "$g" ] || kept="$kept $x"; done
+        groups="$kept" ;;
     *[!0-9]*|'') ;;
     *) groups="$groups $line" ;;
   esac
@@ -223,7 +227,9 @@ if [ "$done" = 0 ]; then
   done
   for g in $groups; do kill -KILL "-$g" 2>/dev/null; done
 fi
-if [ -n "$dir" ] && [ ! -e "$dir/keep" ]; then rm -rf "$dir"; fi
+if [ -n "$dir" ]; then
+  if [ -e "$dir/keep" ]; then rm -rf "$dir/etcd"; else rm -rf "$dir"; fi
+fi
 "#;
 
 /// Kills a stack's process groups when the owning process exits; see the module docs.
@@ -253,6 +259,13 @@ impl Reaper {
     pub fn watch(&mut self, pgid: u32) -> Result<()> {
         let stdin = self.stdin.as_mut().context("the reaper is finished")?;
         writeln!(stdin, "{pgid}").context("writing to the reaper")?;
+        stdin.flush().context("writing to the reaper")
+    }
+
+    /// Unregisters a process group that was stopped already.
+    pub fn unwatch(&mut self, pgid: u32) -> Result<()> {
+        let stdin = self.stdin.as_mut().context("the reaper is finished")?;
+        writeln!(stdin, "-{pgid}").context("writing to the reaper")?;
         stdin.flush().context("writing to the reaper")
     }
 
