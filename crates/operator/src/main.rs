@@ -6,8 +6,14 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use gpu_defrag_core::{frag, ingest, policy::Policy};
 
+mod controller;
+mod executor;
+mod http;
 mod input;
+mod lease;
+mod metrics;
 mod render;
+mod status;
 
 #[derive(Parser)]
 #[command(
@@ -46,6 +52,31 @@ enum Cmd {
         #[arg(long, default_value_t = 40)]
         max_rows: usize,
     },
+    /// Run the operator: reconcile DefragPolicies (kubeconfig or in-cluster config).
+    Run {
+        /// Address of /metrics, /healthz and /readyz.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        metrics_addr: std::net::SocketAddr,
+        /// Elect a leader through a Lease (only the leader writes status or evicts).
+        #[arg(long, default_value_t = false)]
+        leader_elect: bool,
+        /// Namespace of the Lease.
+        #[arg(long, env = "POD_NAMESPACE", default_value = "gpu-defrag-system")]
+        lease_namespace: String,
+        /// Name of the Lease.
+        #[arg(long, default_value = "gpu-defrag-leader")]
+        lease_name: String,
+        /// Identity of this replica (defaults to the pod name or host name).
+        #[arg(long, env = "POD_NAME")]
+        identity: Option<String>,
+        /// Lease duration in seconds.
+        #[arg(long, default_value_t = 15)]
+        lease_duration: u64,
+        /// Only reconcile DefragPolicies matching this label selector (e.g. one operator
+        /// per team, or isolated tests). Empty: all.
+        #[arg(long, default_value = "")]
+        policy_selector: String,
+    },
     /// Plan migrations for a snapshot and a policy: report before, the moves, report after.
     Plan {
         /// A `v1` List (YAML or JSON). Without it, the live cluster (read-only).
@@ -76,6 +107,70 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
+        Cmd::Run {
+            metrics_addr,
+            leader_elect,
+            lease_namespace,
+            lease_name,
+            identity,
+            lease_duration,
+            policy_selector,
+        } => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| "info,kube=warn".into()),
+                )
+                .init();
+            let identity = identity
+                .or_else(|| std::env::var("HOSTNAME").ok())
+                .unwrap_or_else(|| format!("gpu-defrag-{}", std::process::id()));
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            rt.block_on(async move {
+                let client = kube::Client::try_default().await?;
+                let metrics = metrics::Metrics::new();
+                let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let mut elector = None;
+                let leader = if leader_elect {
+                    let state = lease::LeaderState::default();
+                    let e = lease::LeaderElector::new(
+                        client.clone(),
+                        &lease_namespace,
+                        &lease_name,
+                        &identity,
+                        std::time::Duration::from_secs(lease_duration),
+                        std::time::Duration::from_secs((lease_duration / 3).max(1)),
+                    )
+                    .with_metrics(metrics.clone());
+                    tokio::spawn(e.clone().run(state.clone()));
+                    elector = Some(e);
+                    state
+                } else {
+                    metrics.set_leader(true);
+                    lease::LeaderState::always()
+                };
+                tokio::spawn(http::serve(metrics_addr, metrics.clone(), ready.clone()));
+                let result = controller::run(
+                    client,
+                    metrics,
+                    leader,
+                    ready,
+                    controller::RunOptions {
+                        identity,
+                        policy_selector,
+                    },
+                )
+                .await;
+                // On shutdown, hand the lease over at once instead of letting it expire.
+                if let Some(e) = elector {
+                    e.release().await;
+                }
+                result
+            })?;
+        }
         Cmd::Crd => print!("{}", gpu_defrag_api::crd_yaml()),
         Cmd::Report {
             snapshot,

@@ -138,18 +138,6 @@ pub fn heatmap(r: &Report, max_rows: usize) -> String {
     s
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shades_cover_the_range() {
-        assert_eq!(cell(0), '·');
-        assert_eq!(cell(1000), '█');
-        assert_eq!(cell(500), '▒');
-    }
-}
-
 /// The plan as a table: before, moves, after.
 pub fn plan(before: &Report, after: &Report, p: &gpu_defrag_core::plan::Plan) -> String {
     let mut s = String::new();
@@ -188,4 +176,16 @@ pub fn plan(before: &Report, after: &Report, p: &gpu_defrag_core::plan::Plan) ->
     let _ = writeln!(s, "\nAFTER (expected)");
     s.push_str(&summary(after));
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shades_cover_the_range() {
+        assert_eq!(cell(0), '·');
+        assert_eq!(cell(1000), '█');
+        assert_eq!(cell(500), '▒');
+    }
 }

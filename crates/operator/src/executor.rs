@@ -1,0 +1,524 @@
+//! The executor: the one place that evicts.
+//!
+//! Protocol of a run (restart-safe; every step is recorded before it is taken):
+//! 1. record the run in `status.activeRun` (with the nodes it will fence);
+//! 2. fence: `gpu-defrag.io/draining=<policy>:NoSchedule` on nodes being emptied;
+//! 3. evict through the Eviction API only (never delete), at most `maxInFlight`
+//!    replacements pending at once; 429 = blocked by a PodDisruptionBudget: skip, report;
+//! 4. wait until each replacement is Ready and check where it landed (a landing on a
+//!    fenced node is a bounce: reported, the workload is backed off for the run);
+//! 5. stop at window end (no new evictions; moves in flight finish), on a stall
+//!    (`rescheduleTimeout`), when pending GPU pods pile up, or on lost leadership;
+//! 6. remove the fences; write the outcome to `lastRuns`, events and metrics.
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use gpu_defrag_api::DRAINING_TAINT;
+use gpu_defrag_api::v1alpha1::{DefragPolicy, RunRecord};
+use gpu_defrag_core::frag;
+use gpu_defrag_core::ingest;
+use gpu_defrag_core::plan;
+use gpu_defrag_core::policy::Policy;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, EvictParams, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use tracing::{info, warn};
+
+use crate::controller::{
+    Ctx, EXECUTOR_MANAGER, Error, RunHandle, history_of, patch_status, pod_ready, ts,
+};
+use crate::status::{self, MAX_LAST_RUNS, MAX_RECORDED_PODS};
+
+/// How often waits poll the caches.
+const POLL: Duration = Duration::from_millis(500);
+
+/// Starts (or resumes) a run in its own task.
+pub async fn start(
+    ctx: Arc<Ctx>,
+    dp: Arc<DefragPolicy>,
+    policy: Policy,
+    window_end: DateTime<Utc>,
+    resume: Option<RunRecord>,
+) {
+    let name = dp.name_any();
+    let c2 = ctx.clone();
+    let task = tokio::spawn(async move {
+        if let Err(e) = run(c2.clone(), dp.clone(), policy, window_end, resume).await {
+            warn!(policy = %dp.name_any(), error = %e, "run failed; fences are removed by the next reconcile");
+            c2.metrics.reconcile_error(&dp.name_any(), e.kind());
+        }
+    });
+    ctx.runs.lock().await.insert(name, RunHandle { task });
+}
+
+/// Writes the executor's part of status: the active run (or none) and the last runs.
+async fn write_runs(
+    ctx: &Ctx,
+    name: &str,
+    active: Option<&RunRecord>,
+    last: &[RunRecord],
+) -> Result<(), Error> {
+    let api: Api<DefragPolicy> = Api::all(ctx.client.clone());
+    let mut st = json!({"lastRuns": last});
+    if let Some(a) = active {
+        st["activeRun"] = serde_json::to_value(a)?;
+    }
+    patch_status(&api, name, EXECUTOR_MANAGER, st).await
+}
+
+async fn set_taint(ctx: &Ctx, node: &str, policy: &str) -> Result<(), Error> {
+    let api: Api<Node> = Api::all(ctx.client.clone());
+    let patch = json!({"spec": {"taints": [crate::controller::draining_taint(policy)]}});
+    api.patch(node, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await?;
+    Ok(())
+}
+
+async fn remove_taint(ctx: &Ctx, node: &str) -> Result<(), Error> {
+    let api: Api<Node> = Api::all(ctx.client.clone());
+    let patch = json!({"spec": {"taints": [{"key": DRAINING_TAINT, "$patch": "delete"}]}});
+    match api
+        .patch(node, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Removes every fence this policy left on any node (from the node cache).
+pub async fn remove_stale_fences(ctx: &Ctx, policy: &str) -> Result<(), Error> {
+    let fenced: Vec<String> = ctx
+        .nodes
+        .state()
+        .iter()
+        .filter(|n| {
+            n.spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|ts| {
+                    ts.iter()
+                        .any(|t| t.key == DRAINING_TAINT && t.value.as_deref() == Some(policy))
+                })
+        })
+        .map(|n| n.name_any())
+        .collect();
+    for n in fenced {
+        info!(policy, node = %n, "removing a fence no run owns");
+        remove_taint(ctx, &n).await?;
+    }
+    Ok(())
+}
+
+/// Ends a recorded run that no task owns (after a restart outside its window, or an
+/// invalid policy): fences removed, record moved to `lastRuns`.
+pub async fn abandon(
+    ctx: &Ctx,
+    dp: &DefragPolicy,
+    result: &str,
+    message: &str,
+) -> Result<(), Error> {
+    let name = dp.name_any();
+    let old = dp.status.clone().unwrap_or_default();
+    let Some(mut rec) = old.active_run.clone() else {
+        return Ok(());
+    };
+    for n in &rec.fenced_nodes {
+        remove_taint(ctx, n).await?;
+    }
+    remove_stale_fences(ctx, &name).await?;
+    rec.result = result.into();
+    rec.message = message.into();
+    rec.finished_at = Some(ts(Utc::now()));
+    let mut last = vec![rec.clone()];
+    last.extend(
+        old.last_runs
+            .into_iter()
+            .filter(|r| r.id != rec.id)
+            .take(MAX_LAST_RUNS - 1),
+    );
+    write_runs(ctx, &name, None, &last).await?;
+    ctx.metrics.run_finished(&name, result, 0.0);
+    ctx.event(
+        dp,
+        EventType::Warning,
+        "RunAbandoned",
+        format!("run {}: {message}", rec.id),
+        None,
+    )
+    .await;
+    Ok(())
+}
+
+/// An eviction whose replacement we wait for.
+struct Wait {
+    pod: String,
+    owner: (String, String),
+    namespace: String,
+    evicted_uid: String,
+    known: HashSet<String>,
+    since: tokio::time::Instant,
+}
+
+fn owner_of(p: &Pod) -> Option<(String, String)> {
+    p.metadata
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .map(|o| (o.kind.clone(), o.name.clone()))
+}
+
+fn pods_of_owner(ctx: &Ctx, ns: &str, owner: &(String, String)) -> Vec<Arc<Pod>> {
+    ctx.pods
+        .state()
+        .into_iter()
+        .filter(|p| p.namespace().as_deref() == Some(ns) && owner_of(p).as_ref() == Some(owner))
+        .collect()
+}
+
+fn pending_gpu_pods(ctx: &Ctx, policy: &Policy) -> usize {
+    let objs = ingest::Objects {
+        pods: ctx.pods.state().iter().map(|p| (**p).clone()).collect(),
+        ..Default::default()
+    };
+    let c = ingest::build_cluster(&objs, None);
+    c.pods
+        .iter()
+        .filter(|p| {
+            p.is_pending() && p.shape.is_some_and(|s| s.gpus > 0) && policy.scope.covers_pod(p)
+        })
+        .count()
+}
+
+enum Stop {
+    WindowClosed,
+    Stalled(String),
+    PendingPileUp(usize),
+    LostLeadership,
+}
+
+/// The run itself.
+async fn run(
+    ctx: Arc<Ctx>,
+    dp: Arc<DefragPolicy>,
+    policy: Policy,
+    window_end: DateTime<Utc>,
+    resume: Option<RunRecord>,
+) -> Result<(), Error> {
+    let name = dp.name_any();
+    let started = tokio::time::Instant::now();
+    let timeout = policy.reschedule_timeout.max(Duration::from_secs(5));
+    let old = dp.status.clone().unwrap_or_default();
+    let last_runs: Vec<RunRecord> = old.last_runs.clone();
+
+    // Plan on fresh caches, with what the run already did (resume).
+    let now = Utc::now();
+    let cluster = ingest::build_cluster(&ctx.objects(), Some(now));
+    let before = frag::report(&cluster, &policy);
+    let history = history_of(resume.as_ref());
+    let plan = plan::plan(&cluster, &policy, Some(now), &history);
+    let mut rec = resume.clone().unwrap_or_else(|| RunRecord {
+        id: format!("{}-{}", name, now.format("%Y%m%dt%H%M%S")),
+        started_at: ts(now),
+        window_end: ts(window_end),
+        result: "Running".into(),
+        planned: plan.moves.len() as i64,
+        fragment_rate_before: before.fragment_rate,
+        fully_free_gpus_before: before.fully_free_gpus as i64,
+        ..Default::default()
+    });
+    let fenced: BTreeSet<String> = rec
+        .fenced_nodes
+        .iter()
+        .cloned()
+        .chain(plan.fenced_nodes.iter().cloned())
+        .collect();
+    rec.fenced_nodes = fenced.iter().cloned().collect();
+    // 1. Record first, so a restart can resume or clean up.
+    write_runs(&ctx, &name, Some(&rec), &last_runs).await?;
+    if resume.is_none() {
+        ctx.event(
+            &dp,
+            EventType::Normal,
+            "RunStarted",
+            format!(
+                "run {}: {} evictions planned, fragment rate {:.3}, window ends {}",
+                rec.id, rec.planned, before.fragment_rate, rec.window_end
+            ),
+            None,
+        )
+        .await;
+    }
+    // 2. Fence.
+    for n in &fenced {
+        set_taint(&ctx, n, &name).await?;
+    }
+    // 3–5. Evict, pace, wait.
+    let evict_api = |ns: &str| Api::<Pod>::namespaced(ctx.client.clone(), ns);
+    let mut waits: Vec<Wait> = Vec::new();
+    let mut backed_off: HashSet<(String, String)> = HashSet::new();
+    let mut stop: Option<Stop> = None;
+    let in_flight_max = policy.max_in_flight.max(1) as usize;
+    'moves: for m in &plan.moves {
+        // Wait for room.
+        loop {
+            settle(
+                &ctx,
+                &name,
+                &mut waits,
+                &fenced,
+                &mut rec,
+                &mut backed_off,
+                timeout,
+            )
+            .map_err(|s| stop = Some(s))
+            .ok();
+            if stop.is_some() {
+                break 'moves;
+            }
+            if waits.len() < in_flight_max {
+                break;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        if !ctx.leader.is_leader() {
+            stop = Some(Stop::LostLeadership);
+            break;
+        }
+        if Utc::now() >= window_end {
+            stop = Some(Stop::WindowClosed);
+            break;
+        }
+        let pending = pending_gpu_pods(&ctx, &policy);
+        if pending > policy.max_pending_gpu_pods as usize + waits.len() {
+            stop = Some(Stop::PendingPileUp(pending));
+            break;
+        }
+        let Some((ns, pod_name)) = m.pod.split_once('/') else {
+            continue;
+        };
+        // Re-validate against the cache: the pod must still be where the plan saw it.
+        let Some(current) = ctx
+            .pods
+            .state()
+            .into_iter()
+            .find(|p| p.namespace().as_deref() == Some(ns) && p.name_any() == pod_name)
+        else {
+            continue;
+        };
+        if current.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(m.from_node.as_str())
+            || current.metadata.deletion_timestamp.is_some()
+        {
+            continue;
+        }
+        let Some(owner) = owner_of(&current) else {
+            continue;
+        };
+        if backed_off.contains(&owner) {
+            continue;
+        }
+        let known: HashSet<String> = pods_of_owner(&ctx, ns, &owner)
+            .iter()
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect();
+        match evict_api(ns).evict(pod_name, &EvictParams::default()).await {
+            Ok(_) => {
+                rec.evicted += 1;
+                if rec.evicted_pods.len() < MAX_RECORDED_PODS {
+                    rec.evicted_pods.push(m.pod.clone());
+                }
+                *rec.evicted_per_node.entry(m.from_node.clone()).or_default() += 1;
+                ctx.metrics.eviction(&name, "done");
+                write_runs(&ctx, &name, Some(&rec), &last_runs).await?;
+                let note = format!(
+                    "evicted {} from {} ({}); expected to land on {}",
+                    m.pod, m.from_node, m.reason, m.to_node
+                );
+                ctx.event(
+                    &dp,
+                    EventType::Normal,
+                    "Evicted",
+                    note,
+                    Some(current.object_ref(&())),
+                )
+                .await;
+                waits.push(Wait {
+                    pod: m.pod.clone(),
+                    owner,
+                    namespace: ns.to_string(),
+                    evicted_uid: current.metadata.uid.clone().unwrap_or_default(),
+                    known,
+                    since: tokio::time::Instant::now(),
+                });
+            }
+            Err(kube::Error::Api(s)) if s.code == 429 => {
+                rec.blocked += 1;
+                ctx.metrics.eviction(&name, "blocked");
+                write_runs(&ctx, &name, Some(&rec), &last_runs).await?;
+                ctx.event(
+                    &dp,
+                    EventType::Warning,
+                    "EvictionBlocked",
+                    format!("{}: {}", m.pod, s.message),
+                    Some(current.object_ref(&())),
+                )
+                .await;
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => {
+                rec.failed += 1;
+                ctx.metrics.eviction(&name, "failed");
+                write_runs(&ctx, &name, Some(&rec), &last_runs).await?;
+                ctx.event(
+                    &dp,
+                    EventType::Warning,
+                    "EvictionFailed",
+                    format!("{}: {e}", m.pod),
+                    Some(current.object_ref(&())),
+                )
+                .await;
+            }
+        }
+    }
+    if matches!(stop, Some(Stop::LostLeadership)) {
+        // The new leader resumes from the recorded run; it owns the fences now.
+        info!(policy = %name, "lost leadership; leaving the run to the new leader");
+        return Ok(());
+    }
+    // Moves in flight finish, even after the window closed.
+    while !waits.is_empty() {
+        if let Err(s) = settle(
+            &ctx,
+            &name,
+            &mut waits,
+            &fenced,
+            &mut rec,
+            &mut backed_off,
+            timeout,
+        ) {
+            stop.get_or_insert(s);
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    // 6. Unfence, record.
+    for n in &fenced {
+        remove_taint(&ctx, n).await?;
+    }
+    let after_cluster = ingest::build_cluster(&ctx.objects(), Some(Utc::now()));
+    let after = frag::report(&after_cluster, &policy);
+    rec.fragment_rate_after = Some(after.fragment_rate);
+    rec.fully_free_gpus_after = Some(after.fully_free_gpus as i64);
+    rec.finished_at = Some(ts(Utc::now()));
+    let (result, msg) = match &stop {
+        Some(Stop::WindowClosed) => (
+            "WindowClosed",
+            "the window closed; moves in flight were finished".to_string(),
+        ),
+        Some(Stop::Stalled(m)) => ("Stalled", m.clone()),
+        Some(Stop::PendingPileUp(n)) => (
+            "Stopped",
+            format!("{n} GPU pods pending (more than safety.maxPendingGpuPods)"),
+        ),
+        Some(Stop::LostLeadership) => ("Aborted", "lost leadership".to_string()),
+        None if rec.blocked + rec.failed + rec.bounced > 0 => (
+            "Partial",
+            "some moves were blocked, failed or bounced".to_string(),
+        ),
+        None => ("Succeeded", "every planned move done".to_string()),
+    };
+    rec.result = result.into();
+    rec.message = format!(
+        "{msg}; evicted {}, blocked {}, bounced {}, failed {}; fragment rate {:.3} → {:.3}, fully free GPUs {} → {}",
+        rec.evicted,
+        rec.blocked,
+        rec.bounced,
+        rec.failed,
+        rec.fragment_rate_before,
+        after.fragment_rate,
+        rec.fully_free_gpus_before,
+        after.fully_free_gpus
+    );
+    let mut last = vec![rec.clone()];
+    last.extend(
+        last_runs
+            .into_iter()
+            .filter(|r| r.id != rec.id)
+            .take(MAX_LAST_RUNS - 1),
+    );
+    write_runs(&ctx, &name, None, &last).await?;
+    ctx.metrics
+        .run_finished(&name, result, started.elapsed().as_secs_f64());
+    let type_ = if result == "Succeeded" {
+        EventType::Normal
+    } else {
+        EventType::Warning
+    };
+    ctx.event(
+        &dp,
+        type_,
+        "RunFinished",
+        format!("run {}: {}", rec.id, status::truncate(&rec.message, 900)),
+        None,
+    )
+    .await;
+    info!(policy = %name, run = %rec.id, result, "run finished");
+    Ok(())
+}
+
+/// Checks the waits: a Ready replacement ends a wait (bounce if it landed on a fence);
+/// a wait older than the timeout stalls the run.
+fn settle(
+    ctx: &Ctx,
+    policy: &str,
+    waits: &mut Vec<Wait>,
+    fenced: &BTreeSet<String>,
+    rec: &mut RunRecord,
+    backed_off: &mut HashSet<(String, String)>,
+    timeout: Duration,
+) -> Result<(), Stop> {
+    let mut stalled = None;
+    waits.retain(|w| {
+        let pods = pods_of_owner(ctx, &w.namespace, &w.owner);
+        let replacement = pods.iter().find(|p| {
+            let uid = p.metadata.uid.clone().unwrap_or_default();
+            uid != w.evicted_uid
+                && !w.known.contains(&uid)
+                && pod_ready(p)
+                && p.metadata.deletion_timestamp.is_none()
+        });
+        if let Some(r) = replacement {
+            let node = r
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .unwrap_or_default();
+            if fenced.contains(&node) {
+                rec.bounced += 1;
+                ctx.metrics.eviction(policy, "bounced");
+                backed_off.insert(w.owner.clone());
+                warn!(pod = %w.pod, node = %node, "replacement landed on a fenced node");
+            }
+            return false;
+        }
+        if w.since.elapsed() > timeout {
+            stalled = Some(format!(
+                "the replacement of {} was not Ready within {}s",
+                w.pod,
+                timeout.as_secs()
+            ));
+            return false;
+        }
+        true
+    });
+    match stalled {
+        Some(m) => Err(Stop::Stalled(m)),
+        None => Ok(()),
+    }
+}
