@@ -19,12 +19,25 @@ out="$cache_root/cluster-$key"
 bin="$out/bin"
 
 want=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok)
-complete=1
-for b in "${want[@]}"; do [[ -x "$bin/$b" ]] || complete=0; done
-[[ -f "$out/stages.yaml" ]] || complete=0
-if [[ $complete == 1 ]]; then
+is_complete() {
+  local b
+  for b in "${want[@]}"; do [[ -x "$bin/$b" ]] || return 1; done
+  [[ -f "$out/stages.yaml" ]]
+}
+if is_complete; then
   echo "$bin"
   exit 0
+fi
+
+# One build at a time (e.g. `make cluster-up` while tests start): wait for the other.
+mkdir -p "$out"
+if command -v flock >/dev/null; then
+  exec 9>"$out/.build.lock"
+  flock 9
+  if is_complete; then
+    echo "$bin"
+    exit 0
+  fi
 fi
 
 command -v go >/dev/null || { echo "build.sh: Go is required (go 1.26+)" >&2; exit 1; }
