@@ -1,0 +1,382 @@
+//! The install manifests in `config/`: every YAML parses; the RBAC is least privilege (no
+//! pod or node delete); kustomizations point at files that exist; the CRD copy is fresh; the
+//! Deployment and the sample policies are what the operator expects.
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            yaml_files(&p, out);
+        } else if matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {
+            out.push(p);
+        }
+    }
+}
+
+/// Every non-empty YAML document of a file.
+fn docs(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_norway::Deserializer::from_str(&text)
+        .map(|d| {
+            Value::deserialize(d)
+                .unwrap_or_else(|e| panic!("{}: invalid YAML: {e}", path.display()))
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// All documents of the directories that hold Kubernetes objects or kustomizations.
+fn objects() -> Vec<(PathBuf, Value)> {
+    let mut files = Vec::new();
+    for dir in ["crd", "default", "manager", "rbac", "samples"] {
+        yaml_files(&repo().join("config").join(dir), &mut files);
+    }
+    let mut out = Vec::new();
+    for f in files {
+        for d in docs(&f) {
+            out.push((f.clone(), d));
+        }
+    }
+    out
+}
+
+fn find<'a>(objs: &'a [(PathBuf, Value)], kind: &str, name: &str) -> &'a Value {
+    objs.iter()
+        .map(|(_, v)| v)
+        .find(|v| v["kind"] == kind && v["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in config/"))
+}
+
+fn strs(v: &Value) -> Vec<String> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list: {v}"))
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect()
+}
+
+const NAMESPACE: &str = "gpu-defrag-system";
+const SERVICE_ACCOUNT: &str = "gpu-defrag";
+
+#[test]
+fn every_yaml_under_config_parses() {
+    let mut files = Vec::new();
+    yaml_files(&repo().join("config"), &mut files);
+    assert!(files.len() >= 12, "{files:?}");
+    for f in &files {
+        docs(f);
+    }
+    for (path, v) in objects() {
+        assert!(
+            v["apiVersion"].is_string() && v["kind"].is_string(),
+            "{}: a document without apiVersion/kind",
+            path.display()
+        );
+    }
+}
+
+/// `(apiGroup, resource)` → verbs, one entry per group × resource of a rule list.
+fn grants(rules: &Value) -> BTreeSet<(String, String, Vec<String>)> {
+    let mut out = BTreeSet::new();
+    for rule in rules.as_array().unwrap() {
+        assert!(
+            rule.get("resourceNames").is_none() && rule.get("nonResourceURLs").is_none(),
+            "{rule}"
+        );
+        let mut verbs = strs(&rule["verbs"]);
+        verbs.sort();
+        for g in strs(&rule["apiGroups"]) {
+            for r in strs(&rule["resources"]) {
+                assert!(
+                    out.insert((g.clone(), r.clone(), verbs.clone())),
+                    "{g}/{r} granted twice"
+                );
+            }
+        }
+    }
+    out
+}
+
+fn grant(g: &str, r: &str, verbs: &[&str]) -> (String, String, Vec<String>) {
+    let mut verbs: Vec<String> = verbs.iter().map(|v| v.to_string()).collect();
+    verbs.sort();
+    (g.into(), r.into(), verbs)
+}
+
+#[test]
+fn cluster_role_is_least_privilege() {
+    let objs = objects();
+    let role = find(&objs, "ClusterRole", "gpu-defrag");
+    let want: BTreeSet<_> = [
+        grant("", "pods", &["get", "list", "watch"]),
+        grant("", "pods/eviction", &["create"]),
+        grant("", "nodes", &["get", "list", "watch", "patch"]),
+        grant("policy", "poddisruptionbudgets", &["get", "list", "watch"]),
+        grant("events.k8s.io", "events", &["create", "patch"]),
+        grant("", "events", &["create", "patch"]),
+        grant("gpu-defrag.io", "defragpolicies", &["get", "list", "watch"]),
+        grant(
+            "gpu-defrag.io",
+            "defragpolicies/status",
+            &["get", "patch", "update"],
+        ),
+        grant(
+            "scheduling.koordinator.sh",
+            "devices",
+            &["get", "list", "watch"],
+        ),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(grants(&role["rules"]), want);
+
+    // Nowhere in config/: delete, wildcards, escalation verbs.
+    for (path, v) in &objs {
+        if !matches!(v["kind"].as_str(), Some("ClusterRole" | "Role")) {
+            continue;
+        }
+        for rule in v["rules"].as_array().unwrap() {
+            for field in ["verbs", "resources", "apiGroups"] {
+                for s in strs(&rule[field]) {
+                    assert!(
+                        !matches!(
+                            s.as_str(),
+                            "*" | "delete"
+                                | "deletecollection"
+                                | "escalate"
+                                | "bind"
+                                | "impersonate"
+                        ),
+                        "{}: {s:?} in {rule}",
+                        path.display()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn leases_only_in_the_operator_namespace() {
+    let objs = objects();
+    let role = find(&objs, "Role", "gpu-defrag-leader-election");
+    assert_eq!(role["metadata"]["namespace"], NAMESPACE);
+    let want: BTreeSet<_> = [grant(
+        "coordination.k8s.io",
+        "leases",
+        &["get", "create", "update"],
+    )]
+    .into_iter()
+    .collect();
+    assert_eq!(grants(&role["rules"]), want);
+    for (_, v) in &objs {
+        if v["kind"] == "ClusterRole" {
+            assert!(
+                !v.to_string().contains("leases"),
+                "leases in a ClusterRole: {v}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bindings_tie_the_roles_to_the_service_account() {
+    let objs = objects();
+    let sa = find(&objs, "ServiceAccount", SERVICE_ACCOUNT);
+    assert_eq!(sa["metadata"]["namespace"], NAMESPACE);
+    for (kind, name, role_kind) in [
+        ("ClusterRoleBinding", "gpu-defrag", "ClusterRole"),
+        ("RoleBinding", "gpu-defrag-leader-election", "Role"),
+    ] {
+        let b = find(&objs, kind, name);
+        assert_eq!(b["roleRef"]["kind"], role_kind, "{name}");
+        let role = b["roleRef"]["name"].as_str().unwrap();
+        find(&objs, role_kind, role);
+        let subjects = b["subjects"].as_array().unwrap();
+        assert_eq!(subjects.len(), 1, "{name}");
+        assert_eq!(subjects[0]["kind"], "ServiceAccount");
+        assert_eq!(subjects[0]["name"], SERVICE_ACCOUNT);
+        assert_eq!(subjects[0]["namespace"], NAMESPACE);
+        if kind == "RoleBinding" {
+            assert_eq!(b["metadata"]["namespace"], NAMESPACE);
+        }
+    }
+}
+
+#[test]
+fn deployment_runs_two_hardened_leader_elected_replicas() {
+    let objs = objects();
+    let d = find(&objs, "Deployment", "gpu-defrag");
+    assert_eq!(d["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(d["spec"]["replicas"], 2);
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], SERVICE_ACCOUNT);
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    let containers = pod["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 1);
+    let c = &containers[0];
+    assert_eq!(c["image"], "ghcr.io/gpu-defrag/gpu-defrag:latest");
+    assert_eq!(
+        strs(&c["args"]),
+        ["run", "--leader-elect", "--metrics-addr", "0.0.0.0:8080"]
+    );
+    let sc = &c["securityContext"];
+    assert_eq!(sc["runAsNonRoot"], true);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(strs(&sc["capabilities"]["drop"]), ["ALL"]);
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+    assert_eq!(c["ports"][0]["containerPort"], 8080);
+    let port = c["ports"][0]["name"].clone();
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        assert_eq!(c[probe]["httpGet"]["path"], path, "{probe}");
+        assert_eq!(c[probe]["httpGet"]["port"], port, "{probe}");
+    }
+    assert!(c["resources"]["requests"]["cpu"].is_string());
+    assert!(c["resources"]["requests"]["memory"].is_string());
+    assert!(c["resources"]["limits"]["memory"].is_string());
+    // The Lease namespace and identity come from the downward API.
+    let env: BTreeSet<String> = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["valueFrom"]["fieldRef"].is_object())
+        .map(|e| e["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        env.contains("POD_NAME") && env.contains("POD_NAMESPACE"),
+        "{env:?}"
+    );
+}
+
+#[test]
+fn kustomizations_list_existing_resources() {
+    let mut files = Vec::new();
+    yaml_files(&repo().join("config"), &mut files);
+    let kustomizations: Vec<_> = files
+        .iter()
+        .filter(|f| f.file_name().is_some_and(|n| n == "kustomization.yaml"))
+        .collect();
+    assert!(kustomizations.len() >= 5, "{kustomizations:?}");
+    for k in kustomizations {
+        let dir = k.parent().unwrap();
+        let doc = &docs(k)[0];
+        for r in strs(&doc["resources"]) {
+            let p = dir.join(&r);
+            // Kustomize loads nothing outside the kustomization's own tree.
+            assert!(
+                !r.starts_with("../..") && !r.starts_with('/'),
+                "{}: {r}",
+                k.display()
+            );
+            if p.is_dir() {
+                assert!(
+                    p.join("kustomization.yaml").is_file(),
+                    "{}: {r} has no kustomization",
+                    k.display()
+                );
+            } else {
+                assert!(p.is_file(), "{}: {r} does not exist", k.display());
+            }
+        }
+    }
+    let default = &docs(&repo().join("config/default/kustomization.yaml"))[0];
+    assert_eq!(default["namespace"], NAMESPACE);
+    assert_eq!(
+        strs(&default["resources"]),
+        ["../crd", "../rbac", "../manager"]
+    );
+}
+
+#[test]
+fn crd_copy_for_kustomize_is_fresh() {
+    let generated = std::fs::read_to_string(repo().join("crds/defragpolicy.yaml")).unwrap();
+    let copy = std::fs::read_to_string(repo().join("config/crd/defragpolicy.yaml")).unwrap();
+    assert!(
+        generated == copy,
+        "config/crd/defragpolicy.yaml is stale: cp crds/defragpolicy.yaml config/crd/"
+    );
+}
+
+/// Keys of `value` that the CRD's structural schema does not know (the API server would
+/// silently drop them).
+fn unknown_fields(value: &Value, schema: &Value, at: &str, out: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            let props = schema.get("properties");
+            let extra = schema.get("additionalProperties");
+            for (k, v) in map {
+                let sub = match (props.and_then(|p| p.get(k)), extra) {
+                    (Some(s), _) => s,
+                    (None, Some(s)) if s.is_object() => s,
+                    (None, _) if schema.get("x-kubernetes-preserve-unknown-fields").is_some() => {
+                        continue;
+                    }
+                    _ => {
+                        out.push(format!("{at}.{k}"));
+                        continue;
+                    }
+                };
+                unknown_fields(v, sub, &format!("{at}.{k}"), out);
+            }
+        }
+        Value::Array(items) => {
+            if let Some(s) = schema.get("items") {
+                for (i, v) in items.iter().enumerate() {
+                    unknown_fields(v, s, &format!("{at}[{i}]"), out);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn samples_match_the_crd_schema() {
+    let crd = &docs(&repo().join("crds/defragpolicy.yaml"))[0];
+    let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    let objs = objects();
+    let samples: Vec<_> = objs
+        .iter()
+        .filter(|(p, v)| {
+            p.starts_with(repo().join("config/samples")) && v["kind"] == "DefragPolicy"
+        })
+        .collect();
+    assert!(samples.len() >= 2);
+    for (path, v) in samples {
+        assert_eq!(v["apiVersion"], "gpu-defrag.io/v1alpha1");
+        let mut unknown = Vec::new();
+        unknown_fields(&v["spec"], schema, "spec", &mut unknown);
+        assert!(
+            unknown.is_empty(),
+            "{}: unknown fields {unknown:?}",
+            path.display()
+        );
+        let policy: gpu_defrag_api::v1alpha1::DefragPolicy =
+            serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(policy.metadata.name.is_some());
+    }
+    let nightly = find(&objs, "DefragPolicy", "enforce-nightly");
+    assert_eq!(nightly["spec"]["mode"], "Enforce");
+    let w = &nightly["spec"]["windows"][0];
+    assert_eq!(w["schedule"], "0 2 * * *");
+    assert_eq!(w["duration"], "3h");
+    assert_eq!(w["timeZone"], "Asia/Shanghai");
+}
