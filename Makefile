@@ -8,7 +8,7 @@ export CARGO_TERM_COLOR ?= never
 all: build
 
 help: ## Show the targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 build: ## Build every binary (release)
 	$(CARGO) build --release --workspace --bins
@@ -26,12 +26,16 @@ lint: ## cargo fmt --check and clippy -D warnings
 fmt: ## Format the code
 	$(CARGO) fmt --all
 
-crds: ## Regenerate crds/defragpolicy.yaml from the Rust types
-	$(CARGO) run -q -p gpu-defrag-operator -- crd > crds/defragpolicy.yaml
+crds: ## Regenerate crds/defragpolicy.yaml (and its copy for kustomize) from the Rust types
+	$(CARGO) run -q -p gpu-defrag-operator -- crd > crds/defragpolicy.yaml.tmp
+	mv crds/defragpolicy.yaml.tmp crds/defragpolicy.yaml
+	cp crds/defragpolicy.yaml config/crd/defragpolicy.yaml
 
 check-crds: ## Fail when crds/ is stale
 	@$(CARGO) run -q -p gpu-defrag-operator -- crd | diff -u crds/defragpolicy.yaml - \
 	  || { echo "crds/defragpolicy.yaml is stale: run 'make crds'"; exit 1; }
+	@cmp -s crds/defragpolicy.yaml config/crd/defragpolicy.yaml \
+	  || { echo "config/crd/defragpolicy.yaml differs from crds/: run 'make crds'"; exit 1; }
 
 bench: ## Benchmarks (figures printed; see docs/benchmarks.md)
 	@bash hack/bench.sh

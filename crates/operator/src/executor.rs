@@ -70,25 +70,49 @@ async fn write_runs(
     patch_status(&api, name, EXECUTOR_MANAGER, st).await
 }
 
-async fn set_taint(ctx: &Ctx, node: &str, policy: &str) -> Result<(), Error> {
+/// Rewrites a node's taints with `edit`, guarded by its resourceVersion (retried on
+/// conflicts), so a concurrent change by another controller is never lost.
+async fn edit_taints(ctx: &Ctx, node: &str, edit: impl Fn(&mut Vec<serde_json::Value>)) -> Result<(), Error> {
     let api: Api<Node> = Api::all(ctx.client.clone());
-    let patch = json!({"spec": {"taints": [crate::controller::draining_taint(policy)]}});
-    api.patch(node, &PatchParams::default(), &Patch::Strategic(&patch))
-        .await?;
-    Ok(())
+    let mut last = None;
+    for _ in 0..5 {
+        let n = match api.get(node).await {
+            Ok(n) => n,
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut taints: Vec<serde_json::Value> =
+            n.spec.as_ref().and_then(|s| s.taints.as_ref()).map(|t| t.iter().filter_map(|t| serde_json::to_value(t).ok()).collect()).unwrap_or_default();
+        let before = taints.clone();
+        edit(&mut taints);
+        if taints == before {
+            return Ok(());
+        }
+        let patch = json!({"metadata": {"resourceVersion": n.metadata.resource_version}, "spec": {"taints": taints}});
+        match api.patch(node, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => last = Some(kube::Error::Api(s)),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(last.map(Error::from).unwrap_or_else(|| Error::Json(serde::de::Error::custom("taint update kept conflicting"))))
 }
 
-async fn remove_taint(ctx: &Ctx, node: &str) -> Result<(), Error> {
-    let api: Api<Node> = Api::all(ctx.client.clone());
-    let patch = json!({"spec": {"taints": [{"key": DRAINING_TAINT, "$patch": "delete"}]}});
-    match api
-        .patch(node, &PatchParams::default(), &Patch::Strategic(&patch))
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+async fn set_taint(ctx: &Ctx, node: &str, policy: &str) -> Result<(), Error> {
+    let want = crate::controller::draining_taint(policy);
+    edit_taints(ctx, node, |t| {
+        t.retain(|x| x.get("key").and_then(|k| k.as_str()) != Some(DRAINING_TAINT));
+        t.push(want.clone());
+    })
+    .await
+}
+
+/// Removes this policy's fence from a node (fences of other policies stay).
+async fn remove_taint(ctx: &Ctx, node: &str, policy: &str) -> Result<(), Error> {
+    edit_taints(ctx, node, |t| {
+        t.retain(|x| !(x.get("key").and_then(|k| k.as_str()) == Some(DRAINING_TAINT) && x.get("value").and_then(|v| v.as_str()) == Some(policy)))
+    })
+    .await
 }
 
 /// Removes every fence this policy left on any node (from the node cache).
@@ -110,7 +134,7 @@ pub async fn remove_stale_fences(ctx: &Ctx, policy: &str) -> Result<(), Error> {
         .collect();
     for n in fenced {
         info!(policy, node = %n, "removing a fence no run owns");
-        remove_taint(ctx, &n).await?;
+        remove_taint(ctx, &n, policy).await?;
     }
     Ok(())
 }
@@ -129,7 +153,7 @@ pub async fn abandon(
         return Ok(());
     };
     for n in &rec.fenced_nodes {
-        remove_taint(ctx, n).await?;
+        remove_taint(ctx, n, &name).await?;
     }
     remove_stale_fences(ctx, &name).await?;
     rec.result = result.into();
@@ -409,7 +433,7 @@ async fn run(
     }
     // 6. Unfence, record.
     for n in &fenced {
-        remove_taint(&ctx, n).await?;
+        remove_taint(&ctx, n, &name).await?;
     }
     let after_cluster = ingest::build_cluster(&ctx.objects(), Some(Utc::now()));
     let after = frag::report(&after_cluster, &policy);

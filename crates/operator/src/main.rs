@@ -130,7 +130,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .enable_all()
                 .build()?;
             rt.block_on(async move {
-                let client = kube::Client::try_default().await?;
+                let client = client().await?;
                 let metrics = metrics::Metrics::new();
                 let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
                 let mut elector = None;
@@ -230,6 +230,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A client from the kubeconfig or in-cluster config. Retries are ours to decide: the
+/// client's built-in retry would re-send an eviction refused with 429 (a PDB) for minutes
+/// instead of reporting it as blocked.
+async fn client() -> anyhow::Result<kube::Client> {
+    let mut config = kube::Config::infer().await?;
+    config.default_retry = false;
+    Ok(kube::Client::try_from(config)?)
+}
+
 /// Objects from a snapshot file, or from the live cluster with the current time.
 fn load(
     snapshot: Option<PathBuf>,
@@ -241,7 +250,7 @@ fn load(
                 .enable_all()
                 .build()?;
             let objs = rt.block_on(async {
-                let client = kube::Client::try_default().await?;
+                let client = client().await?;
                 input::read_live(client).await
             })?;
             (objs, Some(chrono::Utc::now()))

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Creates a fragmented GPU workload on the local cluster: 64 one-GPU Deployments packed
+# onto 8 nodes by the bin-packing scheduler, then every other one removed, so each node
+# keeps 4 busy and 4 idle GPUs; finally an 8-GPU training job that fits nowhere.
+# Usage: hack/demo-workload.sh <namespace> [count]
+set -euo pipefail
+ns="${1:-demo}"
+count="${2:-64}"
+kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+{
+  for i in $(seq -w 0 $((count - 1))); do
+    cat <<YAML
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: infer-$i, namespace: $ns, labels: {app: infer-$i, demo: fragmented}}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: infer-$i}}
+  template:
+    metadata: {labels: {app: infer-$i, demo: fragmented}}
+    spec:
+      containers:
+      - name: main
+        image: registry.invalid/infer:1
+        resources:
+          requests: {cpu: "1", memory: 4Gi, nvidia.com/gpu: "1"}
+          limits: {nvidia.com/gpu: "1"}
+YAML
+  done
+} | kubectl apply -f - >/dev/null
+kubectl -n "$ns" wait --for=condition=Available deployment -l demo=fragmented --timeout=180s >/dev/null
+# Remove every other Deployment: each node keeps half its GPUs busy.
+for i in $(seq -w 1 2 $((count - 1))); do echo "deployment/infer-$i"; done | xargs kubectl -n "$ns" delete --wait=false >/dev/null
+kubectl apply -f - >/dev/null <<YAML
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: train-8gpu, namespace: $ns, labels: {app: train-8gpu}}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: train-8gpu}}
+  template:
+    metadata: {labels: {app: train-8gpu}}
+    spec:
+      containers:
+      - name: main
+        image: registry.invalid/train:1
+        resources:
+          requests: {cpu: "8", memory: 64Gi, nvidia.com/gpu: "8"}
+          limits: {nvidia.com/gpu: "8"}
+YAML
