@@ -73,12 +73,17 @@ kubectl get dfp demo
 kubectl get dfp demo -o jsonpath='{.status.lastRuns[0].message}{"\n"}'
 echo
 target/release/gpu-defrag report --policy config/samples/demo.yaml | sed -n '1,3p;9,20p'
-after_free=$(kubectl get dfp demo -o jsonpath='{.status.fragmentation.fullyFreeNodes}')
-after_rate=$(kubectl get dfp demo -o jsonpath='{.status.fragmentation.fragmentRate}')
+after_json=$(target/release/gpu-defrag report --policy config/samples/demo.yaml -o json)
+after_free=$(echo "$after_json" | python3 -c 'import json,sys; print(json.load(sys.stdin)["fullyFreeNodes"])')
+after_rate=$(echo "$after_json" | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["fragmentRate"], 3))')
+train_node=$(kubectl -n "$ns" get pods -l app=train-8gpu -o jsonpath='{.items[0].spec.nodeName}')
 kubectl -n "$ns" get pods -l app=train-8gpu -o wide
 ready=$(kubectl -n "$ns" get deploy -l demo=fragmented -o jsonpath='{range .items[*]}{.status.readyReplicas}{"\n"}{end}' | grep -c '^1$' || true)
 total=$(kubectl -n "$ns" get deploy -l demo=fragmented --no-headers | wc -l)
 echo
-echo "fragment rate ${before_rate} -> ${after_rate}; whole free 8-GPU nodes ${before_free} -> ${after_free};"
+freed=$after_free
+[ -n "$train_node" ] && freed=$((after_free + 1))
+echo "fragment rate ${before_rate} -> ${after_rate}; whole 8-GPU nodes given back: ${before_free} -> ${freed}"
+echo "  (${after_free} still free, 1 now runs the 8-GPU training job on ${train_node:-<none>})"
 echo "run result: ${result:-none}; inference Deployments Ready: ${ready}/${total}; window open -> 8-GPU job Running: ${elapsed}s"
 echo "operator log: $log    stop the cluster: make cluster-down"
