@@ -6,7 +6,11 @@ use std::time::Instant;
 use clap::{Parser, Subcommand};
 use gpu_defrag_core::{frag, ingest, policy::Policy, snapshot};
 
+mod bench;
+mod scale;
+mod scenario;
 mod synth;
+mod trace;
 
 #[derive(Parser)]
 #[command(
@@ -51,8 +55,76 @@ impl SynthArgs {
     }
 }
 
+/// Output format.
+#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
+enum Output {
+    /// JSON document.
+    Json,
+    /// Table for people.
+    Table,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
+    /// Build a fragmented cluster from the Alibaba trace and run every planner on it
+    /// with the same eviction budget.
+    Bench {
+        /// Trace CSV directory (default: ../shared/data/alibaba-gpu-v2023/csv relative to
+        /// the current directory or to the workspace of this executable).
+        #[arg(long)]
+        trace: Option<PathBuf>,
+        /// Pod list: default, gpushare40, multigpu30, …
+        #[arg(long, default_value = "default")]
+        workload: String,
+        /// Random seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Requested GPU to reach before departures (fraction of capacity).
+        #[arg(long, default_value_t = 0.9)]
+        load: f64,
+        /// Fraction of placed pods that leave.
+        #[arg(long, default_value_t = 0.3)]
+        departures: f64,
+        /// Eviction budget: fraction of bound GPU pods.
+        #[arg(long, default_value_t = 0.05)]
+        budget: f64,
+        /// HighNodeUtilization `nvidia.com/gpu` threshold, percent.
+        #[arg(long, default_value_t = 50.0)]
+        hnu_threshold: f64,
+        /// Planners to run (comma-separated; default: all).
+        #[arg(long, value_delimiter = ',')]
+        planners: Vec<String>,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Time the planner on a large synthetic cluster built directly as a model.
+    Scale {
+        /// Nodes.
+        #[arg(long, default_value_t = 10_000)]
+        nodes: usize,
+        /// GPUs per node.
+        #[arg(long, default_value_t = 8)]
+        gpus_per_node: u32,
+        /// Pods.
+        #[arg(long, default_value_t = 200_000)]
+        pods: usize,
+        /// Seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Share of nodes with GPU sharing (0..1).
+        #[arg(long, default_value_t = 0.8)]
+        shared_nodes: f64,
+        /// Eviction budget per run.
+        #[arg(long, default_value_t = 100)]
+        max_evictions: u32,
+        /// Repetitions (the median is printed).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Json)]
+        output: Output,
+    },
     /// Write a synthetic fragmented cluster snapshot (a v1 List, JSON) to stdout or a file.
     Gen {
         #[command(flatten)]
@@ -73,6 +145,80 @@ enum Cmd {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
+        Cmd::Bench {
+            trace,
+            workload,
+            seed,
+            load,
+            departures,
+            budget,
+            hnu_threshold,
+            planners,
+            output,
+        } => run_bench(BenchArgs {
+            trace,
+            workload,
+            seed,
+            load,
+            departures,
+            budget,
+            hnu_threshold,
+            planners,
+            output,
+        })?,
+        Cmd::Scale {
+            nodes,
+            gpus_per_node,
+            pods,
+            seed,
+            shared_nodes,
+            max_evictions,
+            reps,
+            output,
+        } => {
+            let t0 = Instant::now();
+            let c = scale::build(&scale::ScaleParams {
+                nodes,
+                gpus_per_node,
+                pods,
+                seed,
+                shared_nodes,
+            });
+            let build_s = t0.elapsed().as_secs_f64();
+            let policy = bench::bench_policy(Vec::new(), max_evictions);
+            let mut times = Vec::new();
+            let mut last = None;
+            for _ in 0..reps.max(1) {
+                let t = Instant::now();
+                let p = gpu_defrag_core::plan::plan(&c, &policy, None, &Default::default());
+                times.push(t.elapsed().as_secs_f64() * 1000.0);
+                last = Some(p);
+            }
+            times.sort_by(f64::total_cmp);
+            let p = last.expect("one repetition");
+            let out = serde_json::json!({
+                "nodes": c.nodes.len(),
+                "gpus": c.nodes.iter().map(|n| n.gpus.len()).sum::<usize>(),
+                "pods": c.pods.len(),
+                "boundPods": c.pods.iter().filter(|p| p.node.is_some()).count(),
+                "buildSeconds": build_s,
+                "maxEvictions": max_evictions,
+                "evictions": p.moves.len(),
+                "batches": p.batches.len(),
+                "fragmentRateBefore": p.before.fragment_rate,
+                "fragmentRateExpectedAfter": p.after.fragment_rate,
+                "planMillis": times[times.len() / 2],
+                "planMillisAll": times,
+            });
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&out)?),
+                Output::Table => {
+                    for (k, v) in out.as_object().expect("object") {
+                        println!("{k:<28} {v}");
+                    }
+                }
+            }
+        }
         Cmd::Gen { synth, file } => {
             let objs = synth::generate(&synth.params());
             let text = serde_json::to_string(&synth::to_list_json(&objs))?;
@@ -117,6 +263,127 @@ fn main() -> anyhow::Result<()> {
                 "unknownPods": r.unknown_pods,
             });
             println!("{}", serde_json::to_string_pretty(&out)?);
+        }
+    }
+    Ok(())
+}
+
+struct BenchArgs {
+    trace: Option<PathBuf>,
+    workload: String,
+    seed: u64,
+    load: f64,
+    departures: f64,
+    budget: f64,
+    hnu_threshold: f64,
+    planners: Vec<String>,
+    output: Output,
+}
+
+fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
+    let dir = trace::resolve_dir(a.trace.as_deref());
+    let t0 = Instant::now();
+    let tr = trace::load(&dir, &a.workload)?;
+    let params = scenario::Params {
+        workload: a.workload.clone(),
+        seed: a.seed,
+        load: a.load,
+        departures: a.departures,
+    };
+    let (cluster, summary) = scenario::build(&tr, &params);
+    eprintln!(
+        "scenario {} seed {}: {} nodes, {} GPUs, {} pods bound ({:.2}s)",
+        a.workload,
+        a.seed,
+        summary.nodes,
+        summary.gpus,
+        summary.bound_pods,
+        t0.elapsed().as_secs_f64()
+    );
+    let shapes = frag::default_shapes(&cluster, &Default::default());
+    let budget = bench::budget_of(&cluster, a.budget);
+    let policy = bench::bench_policy(shapes.clone(), budget as u32);
+    let bound = bench::bound(&cluster, &shapes, budget);
+    let names: Vec<String> = if a.planners.is_empty() {
+        bench::PLANNERS.iter().map(|s| s.to_string()).collect()
+    } else {
+        a.planners.clone()
+    };
+    let mut results = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        eprint!("[{}/{}] {name} … ", i + 1, names.len());
+        let r = bench::run(name, &cluster, &policy, budget, a.hnu_threshold)?;
+        eprintln!("{} evictions, {:.1} ms", r.evictions, r.plan_millis);
+        results.push(r);
+    }
+    let out = serde_json::json!({
+        "scenario": {
+            "workload": a.workload,
+            "seed": a.seed,
+            "load": a.load,
+            "departures": a.departures,
+            "budgetFraction": a.budget,
+            "budget": budget,
+            "hnuThresholdPercent": a.hnu_threshold,
+            "trace": dir.display().to_string(),
+            "summary": summary,
+            "targetShapes": shapes,
+        },
+        "bound": bound,
+        "results": results,
+    });
+    match a.output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&out)?),
+        Output::Table => {
+            println!(
+                "workload {} seed {}: {} nodes, {} GPUs, {} pods bound, load {:.3} → {:.3}, budget {} evictions",
+                a.workload,
+                a.seed,
+                summary.nodes,
+                summary.gpus,
+                summary.bound_pods,
+                summary.load_reached,
+                summary.load_after_departures,
+                budget
+            );
+            println!(
+                "{:<22} {:>5} {:>15} {:>13} {:>13} {:>9} {:>9} {:>9}",
+                "PLANNER",
+                "EVICT",
+                "FRAG RATE",
+                "FREE GPUS",
+                "FREE 8-NODES",
+                "DROP",
+                "PENDING",
+                "PLAN MS"
+            );
+            for r in &results {
+                println!(
+                    "{:<22} {:>5} {:>6.4}→{:<6.4} {:>6}→{:<6} {:>6}→{:<6} {:>9.4} {:>9} {:>9.1}",
+                    r.planner,
+                    r.evictions,
+                    r.fragment_rate_before,
+                    r.fragment_rate_after,
+                    r.fully_free_gpus_before,
+                    r.fully_free_gpus_after,
+                    r.fully_free8_gpu_nodes_before,
+                    r.fully_free8_gpu_nodes_after,
+                    r.fragment_rate_before - r.fragment_rate_after,
+                    r.pending_after,
+                    r.plan_millis
+                );
+            }
+            println!(
+                "{:<22} {:>5} {:>6}≥{:<6.4} {:>6}≤{:<6} {:>6}≤{:<6}",
+                "bound",
+                budget,
+                "",
+                bound.fragment_rate_after_min,
+                "",
+                bound.fully_free_gpus_after_max,
+                "",
+                bound.fully_free8_gpu_nodes_after_max
+            );
         }
     }
     Ok(())
