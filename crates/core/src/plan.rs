@@ -304,6 +304,8 @@ struct State<'a> {
     frag_cache: Vec<f64>,
     per_node: Vec<u32>,
     per_ns: HashMap<String, u32>,
+    /// Moves per workload (namespace, owner) in the whole plan.
+    per_owner: HashMap<(String, Owner), u32>,
     pdb_left: Vec<i64>,
     pod_pdb: Vec<Option<usize>>,
     total: u32,
@@ -465,7 +467,12 @@ impl<'a> State<'a> {
             if let Some(o) = &p.owner {
                 let e = owners.entry(o).or_default();
                 *e += 1;
-                if *e > self.p.max_unavailable_per_workload {
+                let before = self
+                    .per_owner
+                    .get(&(p.namespace.clone(), o.clone()))
+                    .copied()
+                    .unwrap_or(0);
+                if before + *e > self.p.max_unavailable_per_workload {
                     return None;
                 }
             }
@@ -583,6 +590,12 @@ impl<'a> State<'a> {
             self.moved[pi] = true;
             let p = &self.c.pods[pi];
             *self.per_ns.entry(p.namespace.clone()).or_default() += 1;
+            if let Some(o) = &p.owner {
+                *self
+                    .per_owner
+                    .entry((p.namespace.clone(), o.clone()))
+                    .or_default() += 1;
+            }
             if let Some(b) = self.pod_pdb[pi] {
                 self.pdb_left[b] -= 1;
             }
@@ -800,6 +813,7 @@ pub fn plan(
         index: BTreeSet::new(),
         frag_cache: vec![0.0; cluster.nodes.len()],
         per_node,
+        per_owner: HashMap::new(),
         per_ns: history
             .per_namespace
             .iter()
