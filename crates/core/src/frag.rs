@@ -472,7 +472,10 @@ pub(crate) mod tests {
     }
 
     fn policy_with(shapes: Vec<TargetShape>) -> Policy {
-        let mut p = Policy { shapes, ..Policy::default() };
+        let mut p = Policy {
+            shapes,
+            ..Policy::default()
+        };
         normalise(&mut p.shapes);
         p
     }

@@ -72,7 +72,11 @@ async fn write_runs(
 
 /// Rewrites a node's taints with `edit`, guarded by its resourceVersion (retried on
 /// conflicts), so a concurrent change by another controller is never lost.
-async fn edit_taints(ctx: &Ctx, node: &str, edit: impl Fn(&mut Vec<serde_json::Value>)) -> Result<(), Error> {
+async fn edit_taints(
+    ctx: &Ctx,
+    node: &str,
+    edit: impl Fn(&mut Vec<serde_json::Value>),
+) -> Result<(), Error> {
     let api: Api<Node> = Api::all(ctx.client.clone());
     let mut last = None;
     for _ in 0..5 {
@@ -81,21 +85,34 @@ async fn edit_taints(ctx: &Ctx, node: &str, edit: impl Fn(&mut Vec<serde_json::V
             Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
             Err(e) => return Err(e.into()),
         };
-        let mut taints: Vec<serde_json::Value> =
-            n.spec.as_ref().and_then(|s| s.taints.as_ref()).map(|t| t.iter().filter_map(|t| serde_json::to_value(t).ok()).collect()).unwrap_or_default();
+        let mut taints: Vec<serde_json::Value> = n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .map(|t| {
+                t.iter()
+                    .filter_map(|t| serde_json::to_value(t).ok())
+                    .collect()
+            })
+            .unwrap_or_default();
         let before = taints.clone();
         edit(&mut taints);
         if taints == before {
             return Ok(());
         }
         let patch = json!({"metadata": {"resourceVersion": n.metadata.resource_version}, "spec": {"taints": taints}});
-        match api.patch(node, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        match api
+            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
             Ok(_) => return Ok(()),
             Err(kube::Error::Api(s)) if s.code == 409 => last = Some(kube::Error::Api(s)),
             Err(e) => return Err(e.into()),
         }
     }
-    Err(last.map(Error::from).unwrap_or_else(|| Error::Json(serde::de::Error::custom("taint update kept conflicting"))))
+    Err(last
+        .map(Error::from)
+        .unwrap_or_else(|| Error::Json(serde::de::Error::custom("taint update kept conflicting"))))
 }
 
 async fn set_taint(ctx: &Ctx, node: &str, policy: &str) -> Result<(), Error> {
@@ -110,7 +127,10 @@ async fn set_taint(ctx: &Ctx, node: &str, policy: &str) -> Result<(), Error> {
 /// Removes this policy's fence from a node (fences of other policies stay).
 async fn remove_taint(ctx: &Ctx, node: &str, policy: &str) -> Result<(), Error> {
     edit_taints(ctx, node, |t| {
-        t.retain(|x| !(x.get("key").and_then(|k| k.as_str()) == Some(DRAINING_TAINT) && x.get("value").and_then(|v| v.as_str()) == Some(policy)))
+        t.retain(|x| {
+            !(x.get("key").and_then(|k| k.as_str()) == Some(DRAINING_TAINT)
+                && x.get("value").and_then(|v| v.as_str()) == Some(policy))
+        })
     })
     .await
 }
