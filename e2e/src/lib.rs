@@ -26,6 +26,7 @@
 
 pub mod cluster;
 pub mod fixtures;
+pub mod operator;
 pub mod pki;
 pub mod process;
 pub mod shared;

@@ -1,0 +1,866 @@
+//! End-to-end tests of the operator (`gpu-defrag run`) on the real local control plane.
+//!
+//! One stack for this binary; every test has its own namespace, kwok node pool (labelled
+//! and tainted `e2e-pool=<namespace>`), DefragPolicy (named after the namespace, labelled
+//! `e2e-test=<namespace>`) and operator process (`--policy-selector e2e-test=<namespace>`),
+//! running as a user bound to exactly config/rbac/role.yaml. So the tests run in parallel
+//! without seeing each other.
+//!
+//! The fragmented workload is the one of `make demo`: 1-GPU Deployments packed onto the
+//! pool by the bin-packing scheduler, then some removed, so every node is partly used and
+//! an 8-GPU pod fits nowhere.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::{Duration, Instant},
+};
+
+use chrono::{Datelike, FixedOffset, TimeZone, Utc};
+use gpu_defrag_e2e::{
+    TestCluster, TestNamespace,
+    fixtures::{min_available_pdb, pod_ready, pods, wait_for, wait_ready_pods},
+    operator::{
+        Operator, PodWatch, Pool, bind_lease_role, create_policy, delete_policy, fences, float_at,
+        fragment, int_at, open_window_every_minute, open_window_this_minute, patch_policy,
+        pod_node, pod_uids, policy_status, str_at, strings_at, wait_deployments_ready, wait_status,
+    },
+    shared,
+};
+use k8s_openapi::api::{
+    apps::v1::Deployment,
+    coordination::v1::Lease,
+    core::v1::{Node, Pod},
+    policy::v1::PodDisruptionBudget,
+    scheduling::v1::PriorityClass,
+};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, ListParams, PostParams},
+};
+use serde_json::{Value, json};
+
+const T: Duration = Duration::from_secs(60);
+const RUN_TIMEOUT: Duration = Duration::from_secs(180);
+/// How long "nothing happens" is watched.
+const QUIET: Duration = Duration::from_secs(15);
+
+/// One test's world: namespace, admin client, node pool; the policy is named after the
+/// namespace.
+struct Case {
+    cluster: &'static TestCluster,
+    ns: TestNamespace,
+    client: Client,
+    pool: Pool,
+}
+
+impl Case {
+    async fn new(prefix: &str, nodes: usize, gpus: u32) -> Self {
+        let cluster = shared().await.expect("local control plane");
+        let ns = cluster.namespace(prefix).await.unwrap();
+        let client = cluster.client().unwrap();
+        let pool = Pool::create(cluster, ns.name(), nodes, gpus).await.unwrap();
+        Case {
+            cluster,
+            ns,
+            client,
+            pool,
+        }
+    }
+
+    fn name(&self) -> &str {
+        self.ns.name()
+    }
+
+    /// A DryRun policy covering exactly this pool and namespace.
+    fn spec(&self, shapes: Value, limits: Value) -> Value {
+        json!({
+            "mode": "DryRun",
+            "nodeSelector": self.pool.selector(),
+            "namespaces": {"include": [self.ns.name()]},
+            "target": {"shapes": shapes, "fromPending": true},
+            "trigger": {"minFragmentRate": 0.1},
+            "limits": limits,
+            "safety": {"minPodAge": "0s", "rescheduleTimeout": "2m"},
+        })
+    }
+
+    fn deployments(&self) -> Api<Deployment> {
+        Api::namespaced(self.client.clone(), self.ns.name())
+    }
+
+    /// Creates a pending `train-8gpu` Deployment (8 GPUs) on the pool and checks that it
+    /// fits nowhere.
+    async fn pending_training_job(&self) {
+        let d = self.pool.deployment("train-8gpu", 1, 8).unwrap();
+        self.deployments()
+            .create(&PostParams::default(), &d)
+            .await
+            .unwrap();
+        wait_for("train-8gpu to be Pending, unschedulable", T, || async {
+            let ps = pods(&self.client, self.ns.name(), "app=train-8gpu").await?;
+            Ok(ps
+                .first()
+                .filter(|p| {
+                    pod_node(p).is_none()
+                        && p.status.as_ref().is_some_and(|s| {
+                            s.conditions.iter().flatten().any(|c| {
+                                c.type_ == "PodScheduled"
+                                    && c.status == "False"
+                                    && c.reason.as_deref() == Some("Unschedulable")
+                            })
+                        })
+                })
+                .map(|_| ()))
+        })
+        .await
+        .unwrap();
+    }
+
+    /// The node of the Running `train-8gpu` pod, once it runs.
+    async fn training_job_running(&self, timeout: Duration) -> String {
+        wait_for("train-8gpu to be Running", timeout, || async {
+            let ps = pods(&self.client, self.ns.name(), "app=train-8gpu").await?;
+            Ok(ps
+                .iter()
+                .find(|p| pod_ready(p))
+                .and_then(|p| pod_node(p).map(str::to_string)))
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Pool nodes carrying any `gpu-defrag.io/draining` fence.
+    async fn fenced_nodes(&self) -> Vec<String> {
+        self.pool.fenced(&self.client).await.unwrap()
+    }
+
+    async fn uids(&self) -> BTreeMap<String, String> {
+        pod_uids(&self.client, self.ns.name()).await.unwrap()
+    }
+
+    async fn cleanup(&self, policies: &[&str]) {
+        for p in policies {
+            delete_policy(&self.client, p).await.unwrap();
+        }
+    }
+}
+
+fn has_finished_run(st: &Value) -> bool {
+    st.get("activeRun").is_none()
+        && st
+            .pointer("/lastRuns/0/finishedAt")
+            .is_some_and(|v| v.is_string())
+}
+
+fn evicted_per_node(run: &Value) -> BTreeMap<String, i64> {
+    run.get("evictedPerNode")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_i64().unwrap_or(0)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// DryRun: fragmentation and a plan checked server-side are published; nothing evicted,
+/// nothing fenced. This operator also runs with leader election (the Lease Role of
+/// config/rbac/leader_election_role.yaml bound in the test namespace).
+#[tokio::test]
+async fn dry_run_reports_plan_and_evicts_nothing() {
+    let c = Case::new("dryrun", 2, 4).await;
+    let kept = fragment(&c.client, c.name(), &c.pool, &[2, 2])
+        .await
+        .unwrap();
+    assert_eq!(kept.len(), 4);
+    create_policy(
+        &c.client,
+        c.name(),
+        c.name(),
+        c.spec(
+            json!([{"gpus": 4}]),
+            json!({"maxEvictionsPerRun": 10, "maxEvictionsPerNode": 4, "maxEvictionsPerNamespace": 10}),
+        ),
+    )
+    .await
+    .unwrap();
+    let before = c.uids().await;
+    // This one also elects itself leader, with the project's Lease Role in the namespace.
+    bind_lease_role(&c.client, c.name()).await.unwrap();
+    let identity = format!("e2e-{}", c.name());
+    let op = Operator::start(
+        c.cluster,
+        c.name(),
+        &[
+            "--leader-elect",
+            "--lease-namespace",
+            c.name(),
+            "--identity",
+            &identity,
+        ],
+    )
+    .await
+    .unwrap();
+    let st = wait_status(&c.client, c.name(), "a dry-run plan", T, |s| {
+        int_at(s, "/plan/totalMoves").unwrap_or(0) > 0
+            && float_at(s, "/fragmentation/fragmentRate").unwrap_or(0.0) > 0.0
+            && int_at(s, "/plan/dryRunCheck/allowed").unwrap_or(0) > 0
+    })
+    .await
+    .unwrap();
+    let total = int_at(&st, "/plan/totalMoves").unwrap();
+    assert_eq!(
+        int_at(&st, "/plan/dryRunCheck/allowed"),
+        Some(total.min(20)),
+        "every checked eviction is allowed: {st:#}"
+    );
+    assert_eq!(int_at(&st, "/plan/dryRunCheck/blocked"), Some(0));
+    assert_eq!(int_at(&st, "/fragmentation/nodes"), Some(2), "{st:#}");
+    let moves = st.pointer("/plan/moves").and_then(Value::as_array).unwrap();
+    assert_eq!(moves.len() as i64, total);
+    for m in moves {
+        assert!(
+            c.pool
+                .nodes
+                .iter()
+                .any(|n| Some(n.as_str()) == str_at(m, "/fromNode")),
+            "a move off the pool: {m}"
+        );
+    }
+    let exec = gpu_defrag_e2e::operator::condition_parts(&st, "Executing").unwrap();
+    assert_eq!(exec.0, "False", "{exec:?}");
+    let lease = Api::<Lease>::namespaced(c.client.clone(), c.name())
+        .get("gpu-defrag-leader")
+        .await
+        .unwrap();
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some(identity.as_str())
+    );
+    // The dry-run evictions and the time that passes evict nothing and fence nothing.
+    let deadline = Instant::now() + QUIET;
+    while Instant::now() < deadline {
+        assert_eq!(c.fenced_nodes().await, Vec::<String>::new());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    op.ensure_running().unwrap();
+    assert_eq!(c.uids().await, before, "a pod was evicted in DryRun");
+    let st = policy_status(&c.client, c.name()).await.unwrap();
+    assert!(st.get("activeRun").is_none(), "{st:#}");
+    assert_eq!(
+        st.get("lastRuns")
+            .and_then(Value::as_array)
+            .map(Vec::len)
+            .unwrap_or(0),
+        0
+    );
+    c.cleanup(&[c.name()]).await;
+}
+
+/// Enforce in an open window: the 8-GPU pod runs after the run, within the limits, with
+/// no replacement landing on a fenced node; every workload is back to Ready.
+#[tokio::test]
+async fn enforce_in_open_window_makes_room_for_the_pending_8_gpu_pod() {
+    let c = Case::new("enforce", 4, 8).await;
+    let infer = fragment(&c.client, c.name(), &c.pool, &[4, 4, 4, 4])
+        .await
+        .unwrap();
+    c.pending_training_job().await;
+    let (max_run, max_node) = (8, 4);
+    create_policy(
+        &c.client,
+        c.name(),
+        c.name(),
+        c.spec(
+            json!([{"gpus": 8, "weight": 1}, {"gpus": 1, "weight": 1}]),
+            json!({"maxEvictionsPerRun": max_run, "maxEvictionsPerNode": max_node,
+                   "maxEvictionsPerNamespace": 20, "maxInFlight": 2}),
+        ),
+    )
+    .await
+    .unwrap();
+    let _op = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
+    let st = wait_status(&c.client, c.name(), "a dry-run plan", T, |s| {
+        int_at(s, "/plan/totalMoves").unwrap_or(0) > 0
+    })
+    .await
+    .unwrap();
+    let rate_before = float_at(&st, "/fragmentation/fragmentRate").unwrap();
+    assert!(rate_before > 0.0, "{st:#}");
+
+    let watch = PodWatch::start(&c.client, c.name(), &c.pool, c.name())
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    patch_policy(
+        &c.client,
+        c.name(),
+        json!({"mode": "Enforce", "windows": [open_window_every_minute()]}),
+    )
+    .await
+    .unwrap();
+    let st = wait_status(
+        &c.client,
+        c.name(),
+        "the run to finish",
+        RUN_TIMEOUT,
+        has_finished_run,
+    )
+    .await
+    .unwrap();
+    let run_end = Instant::now();
+    let train_node = c.training_job_running(T).await;
+    let to_running = t0.elapsed();
+    let run = st.pointer("/lastRuns/0").unwrap().clone();
+    assert_eq!(str_at(&run, "/result"), Some("Succeeded"), "{run:#}");
+
+    let evicted = int_at(&run, "/evicted").unwrap();
+    let planned = int_at(&run, "/planned").unwrap();
+    assert!(evicted > 0 && evicted <= max_run, "{run:#}");
+    for (node, n) in evicted_per_node(&run) {
+        assert!(n <= max_node, "{n} evictions from {node}: {run:#}");
+    }
+    let fenced: BTreeSet<String> = strings_at(&run, "/fencedNodes").into_iter().collect();
+    assert!(!fenced.is_empty(), "{run:#}");
+    assert!(
+        fenced.contains(&train_node),
+        "the 8-GPU pod runs on {train_node}, not on a node the run emptied ({fenced:?})"
+    );
+
+    // Every inference Deployment is back to one Ready pod; no fence is left.
+    wait_deployments_ready(&c.client, c.name(), &infer, T)
+        .await
+        .unwrap();
+    assert_eq!(c.fenced_nodes().await, Vec::<String>::new());
+    let st = wait_status(&c.client, c.name(), "a lower fragment rate", T, |s| {
+        float_at(s, "/fragmentation/fragmentRate").is_some_and(|r| r < rate_before)
+    })
+    .await
+    .unwrap();
+    let rate_after = float_at(&st, "/fragmentation/fragmentRate").unwrap();
+    assert!(
+        float_at(&run, "/fragmentRateAfter").is_some_and(|r| r < rate_before),
+        "{run:#}"
+    );
+
+    // What the watch saw: evictions match the record, per node within the limit, and no
+    // pod created during the run was bound to a fenced node.
+    let seen = watch.seen();
+    assert!(seen.samples > 10, "{} samples", seen.samples);
+    assert_eq!(
+        seen.violations,
+        BTreeMap::new(),
+        "pods bound to fenced nodes"
+    );
+    let gone = seen.gone();
+    assert_eq!(
+        gone.len() as i64,
+        evicted,
+        "pods that disappeared vs. evictions recorded: {gone:?}"
+    );
+    let mut per_node: BTreeMap<&str, i64> = BTreeMap::new();
+    for p in &gone {
+        assert!(p.initial, "a replacement was evicted again: {p:?}");
+        assert!(p.app.starts_with("infer-"), "{p:?}");
+        *per_node.entry(p.node.as_deref().unwrap_or("")).or_default() += 1;
+        assert!(
+            fenced.contains(p.node.as_deref().unwrap_or("")),
+            "{p:?} evicted from an unfenced node"
+        );
+    }
+    assert!(per_node.values().all(|&n| n <= max_node), "{per_node:?}");
+    for p in seen.pods.values() {
+        if !p.initial && p.first_seen < run_end && p.app != "train-8gpu" {
+            let node = p.node.as_deref().unwrap_or("");
+            assert!(
+                !fenced.contains(node),
+                "replacement {p:?} landed on fenced node {node}"
+            );
+        }
+    }
+    let st = policy_status(&c.client, c.name()).await.unwrap();
+    assert_eq!(
+        st.get("lastRuns").and_then(Value::as_array).map(Vec::len),
+        Some(1),
+        "one run only: {st:#}"
+    );
+    eprintln!(
+        "E2E-FIGURE enforce: window open -> 8-GPU pod Running in {:.1}s; evictions used {evicted} of {planned} planned (limit {max_run}/run, {max_node}/node); fenced nodes {}; fragment rate {rate_before:.3} -> {rate_after:.3}; {} nodes x 8 GPUs, {} one-GPU pods",
+        to_running.as_secs_f64(),
+        fenced.len(),
+        c.pool.nodes.len(),
+        infer.len(),
+    );
+    c.cleanup(&[c.name()]).await;
+}
+
+/// The next 03:00 on January 1st in Asia/Shanghai (UTC+8, no DST), as RFC 3339.
+fn next_new_year_0300_shanghai() -> (String, String) {
+    let tz = FixedOffset::east_opt(8 * 3600).unwrap();
+    let now = Utc::now().with_timezone(&tz);
+    let mut year = now.year();
+    let at = |y: i32| tz.with_ymd_and_hms(y, 1, 1, 3, 0, 0).unwrap();
+    if at(year) <= now {
+        year += 1;
+    }
+    (
+        at(year).to_rfc3339(),
+        (at(year) + chrono::Duration::hours(1)).to_rfc3339(),
+    )
+}
+
+/// Enforce with a closed window: nothing evicted; the next window in its own zone.
+#[tokio::test]
+async fn closed_window_evicts_nothing_and_reports_the_next_window() {
+    let c = Case::new("closed", 2, 4).await;
+    fragment(&c.client, c.name(), &c.pool, &[2, 2])
+        .await
+        .unwrap();
+    let mut spec = c.spec(
+        json!([{"gpus": 4}]),
+        json!({"maxEvictionsPerRun": 10, "maxEvictionsPerNode": 4, "maxEvictionsPerNamespace": 10}),
+    );
+    spec["mode"] = json!("Enforce");
+    spec["windows"] =
+        json!([{"schedule": "0 3 1 1 *", "duration": "1h", "timeZone": "Asia/Shanghai"}]);
+    create_policy(&c.client, c.name(), c.name(), spec)
+        .await
+        .unwrap();
+    let before = c.uids().await;
+    let (start, end) = next_new_year_0300_shanghai();
+    let op = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
+    let st = wait_status(&c.client, c.name(), "the next window and a plan", T, |s| {
+        s.get("nextWindow").is_some() && int_at(s, "/plan/totalMoves").unwrap_or(0) > 0
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        str_at(&st, "/nextWindow/start"),
+        Some(start.as_str()),
+        "{st:#}"
+    );
+    assert_eq!(str_at(&st, "/nextWindow/end"), Some(end.as_str()), "{st:#}");
+    assert_eq!(
+        st.pointer("/nextWindow/open").and_then(Value::as_bool),
+        Some(false)
+    );
+    let (status, reason, message) =
+        gpu_defrag_e2e::operator::condition_parts(&st, "InWindow").unwrap();
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "WindowClosed")
+    );
+    assert!(message.contains(&start), "{message}");
+    let exec = gpu_defrag_e2e::operator::condition_parts(&st, "Executing").unwrap();
+    assert_eq!(exec.0, "False", "{exec:?}");
+    assert!(
+        exec.2.contains("outside the maintenance windows"),
+        "{exec:?}"
+    );
+    let deadline = Instant::now() + QUIET;
+    while Instant::now() < deadline {
+        assert_eq!(c.fenced_nodes().await, Vec::<String>::new());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    op.ensure_running().unwrap();
+    assert_eq!(
+        c.uids().await,
+        before,
+        "a pod was evicted outside the window"
+    );
+    let st = policy_status(&c.client, c.name()).await.unwrap();
+    assert!(st.get("activeRun").is_none(), "{st:#}");
+    assert_eq!(
+        st.get("lastRuns")
+            .and_then(Value::as_array)
+            .map(Vec::len)
+            .unwrap_or(0),
+        0
+    );
+    c.cleanup(&[c.name()]).await;
+}
+
+/// Protected pods sit on nodes shaped like the one the plan drains; only that node's pods
+/// are evicted.
+#[tokio::test]
+async fn protected_pods_are_never_evicted_and_are_reported() {
+    let c = Case::new("protect", 5, 8).await;
+    let ns = c.name().to_string();
+    let n = &c.pool.nodes;
+    // Priority above the policy's threshold.
+    let pc_name = format!("{ns}-critical");
+    let pc: PriorityClass = serde_json::from_value(json!({
+        "metadata": {"name": pc_name}, "value": 1_000_000, "globalDefault": false,
+    }))
+    .unwrap();
+    Api::<PriorityClass>::all(c.client.clone())
+        .create(&PostParams::default(), &pc)
+        .await
+        .unwrap();
+    let pinned = |name: &str, replicas: i32, node: &str| {
+        let mut d = c.pool.deployment(name, replicas, 1).unwrap();
+        d.spec.template.spec.as_mut().unwrap().node_name = Some(node.to_string());
+        d
+    };
+    // n0: a workload whose PDB allows no disruption.
+    let guarded = pinned("guarded", 2, &n[0]);
+    // n1: priority above spec.priority.maxPriority.
+    let mut vip = pinned("vip", 1, &n[1]);
+    vip.spec.template.spec.as_mut().unwrap().priority_class_name = Some(pc_name.clone());
+    // n2: opted out.
+    let mut optout = pinned("optout", 1, &n[2]);
+    optout.spec.template.metadata.as_mut().unwrap().annotations = Some(
+        [(
+            "gpu-defrag.io/do-not-disrupt".to_string(),
+            "true".to_string(),
+        )]
+        .into(),
+    );
+    for d in [&guarded, &vip, &optout] {
+        c.deployments()
+            .create(&PostParams::default(), d)
+            .await
+            .unwrap();
+    }
+    Api::<PodDisruptionBudget>::namespaced(c.client.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &min_available_pdb("guarded", "guarded", 2).unwrap(),
+        )
+        .await
+        .unwrap();
+    // n3: a bare pod (no controller).
+    let mut bare: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "bare", "labels": {"app": "bare"}},
+        "spec": {
+            "nodeName": n[3],
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{
+                "name": "main", "image": gpu_defrag_e2e::fixtures::FAKE_IMAGE,
+                "resources": {
+                    "requests": {"cpu": "1", "memory": "1Gi"},
+                    "limits": {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"},
+                },
+            }],
+        },
+    }))
+    .unwrap();
+    c.pool.place(bare.spec.as_mut().unwrap()).unwrap();
+    Api::<Pod>::namespaced(c.client.clone(), &ns)
+        .create(&PostParams::default(), &bare)
+        .await
+        .unwrap();
+    let mut protected = BTreeMap::new();
+    for (app, count) in [("guarded", 2), ("vip", 1), ("optout", 1), ("bare", 1)] {
+        for p in wait_ready_pods(&c.client, &ns, &format!("app={app}"), count, T)
+            .await
+            .unwrap()
+        {
+            protected.insert(
+                p.metadata.uid.clone().unwrap(),
+                format!("{app} on {}", pod_node(&p).unwrap()),
+            );
+        }
+    }
+    // Every node half used: n0 2 guarded + 2 fillers, n1-n3 1 protected + 3, n4 4 fillers.
+    fragment(&c.client, &ns, &c.pool, &[2, 3, 3, 3, 4])
+        .await
+        .unwrap();
+    c.pending_training_job().await;
+    let mut spec = c.spec(
+        json!([{"gpus": 8}]),
+        json!({"maxEvictionsPerRun": 20, "maxEvictionsPerNode": 8,
+               "maxEvictionsPerNamespace": 20, "maxInFlight": 2}),
+    );
+    spec["priority"] = json!({"maxPriority": 1000});
+    create_policy(&c.client, &ns, &ns, spec).await.unwrap();
+    let _op = Operator::start(c.cluster, &ns, &[]).await.unwrap();
+    let want_skipped = [
+        ("pdb-exhausted", 2),
+        ("priority-above-threshold", 1),
+        ("opted-out", 1),
+        ("no-controller", 1),
+    ];
+    let st = wait_status(
+        &c.client,
+        &ns,
+        "a plan with the protected pods skipped",
+        T,
+        |s| {
+            int_at(s, "/plan/totalMoves").unwrap_or(0) > 0
+                && want_skipped.iter().all(|(k, v)| {
+                    s.pointer(&format!("/skipped/{k}")).and_then(Value::as_i64) == Some(*v)
+                })
+        },
+    )
+    .await
+    .unwrap();
+    // The plan only drains the node without protected pods.
+    for m in st.pointer("/plan/moves").and_then(Value::as_array).unwrap() {
+        assert_eq!(str_at(m, "/fromNode"), Some(n[4].as_str()), "{m}");
+    }
+    assert_eq!(int_at(&st, "/plan/dryRunCheck/blocked"), Some(0), "{st:#}");
+
+    let watch = PodWatch::start(&c.client, &ns, &c.pool, &ns).await.unwrap();
+    patch_policy(
+        &c.client,
+        &ns,
+        json!({"mode": "Enforce", "windows": [open_window_every_minute()]}),
+    )
+    .await
+    .unwrap();
+    let st = wait_status(
+        &c.client,
+        &ns,
+        "the run to finish",
+        RUN_TIMEOUT,
+        has_finished_run,
+    )
+    .await
+    .unwrap();
+    let run = st.pointer("/lastRuns/0").unwrap().clone();
+    assert!(int_at(&run, "/evicted").unwrap_or(0) > 0, "{run:#}");
+    assert_eq!(
+        evicted_per_node(&run).keys().cloned().collect::<Vec<_>>(),
+        vec![n[4].clone()],
+        "{run:#}"
+    );
+    for p in strings_at(&run, "/evictedPods") {
+        assert!(p.starts_with(&format!("{ns}/infer-")), "evicted {p}");
+    }
+    let train_node = c.training_job_running(T).await;
+    assert_eq!(train_node, n[4]);
+    // Protected pods: same uids, never seen gone.
+    let now = c.uids().await;
+    for (uid, what) in &protected {
+        assert!(now.contains_key(uid), "protected pod {what} was replaced");
+    }
+    let seen = watch.seen();
+    for (uid, p) in seen.pods.iter().filter(|(_, p)| p.gone_at.is_some()) {
+        assert!(
+            !protected.contains_key(uid),
+            "protected pod {p:?} disappeared"
+        );
+        assert_eq!(p.node.as_deref(), Some(n[4].as_str()), "{p:?}");
+    }
+    assert_eq!(seen.violations, BTreeMap::new());
+    assert_eq!(c.fenced_nodes().await, Vec::<String>::new());
+    let st = policy_status(&c.client, &ns).await.unwrap();
+    for (k, v) in want_skipped {
+        assert_eq!(
+            st.pointer(&format!("/skipped/{k}")).and_then(Value::as_i64),
+            Some(v),
+            "skipped {k}: {st:#}"
+        );
+    }
+    c.cleanup(&[&ns]).await;
+    Api::<PriorityClass>::all(c.client.clone())
+        .delete(&pc_name, &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+/// SIGKILL the operator right after the first eviction, restart it: the run is resumed or
+/// cleaned up, no fence is left, the per-run limit holds across both processes, and every
+/// workload is back.
+#[tokio::test]
+async fn operator_killed_mid_run_resumes_or_cleans_up() {
+    let c = Case::new("restart", 4, 8).await;
+    let infer = fragment(&c.client, c.name(), &c.pool, &[4, 4, 4, 4])
+        .await
+        .unwrap();
+    // 7 per run: a fresh plan empties one node (4), a second would need 8. A resumed run
+    // that forgot the evictions of the killed process would empty a second node.
+    let max_run = 7;
+    create_policy(
+        &c.client,
+        c.name(),
+        c.name(),
+        c.spec(
+            json!([{"gpus": 8}]),
+            json!({"maxEvictionsPerRun": max_run, "maxEvictionsPerNode": 8,
+                   "maxEvictionsPerNamespace": 20, "maxInFlight": 1}),
+        ),
+    )
+    .await
+    .unwrap();
+    let mut op = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
+    let st = wait_status(&c.client, c.name(), "a dry-run plan", T, |s| {
+        int_at(s, "/plan/totalMoves").unwrap_or(0) > 0
+    })
+    .await
+    .unwrap();
+    let planned = int_at(&st, "/plan/totalMoves").unwrap();
+    assert_eq!(planned, 4, "{st:#}");
+    let watch = PodWatch::start(&c.client, c.name(), &c.pool, c.name())
+        .await
+        .unwrap();
+    patch_policy(
+        &c.client,
+        c.name(),
+        json!({"mode": "Enforce", "windows": [open_window_this_minute()]}),
+    )
+    .await
+    .unwrap();
+    let active = wait_for("the first eviction of the run", RUN_TIMEOUT, || async {
+        let st = policy_status(&c.client, c.name()).await?;
+        Ok(st
+            .get("activeRun")
+            .filter(|a| int_at(a, "/evicted").unwrap_or(0) >= 1)
+            .cloned())
+    })
+    .await
+    .unwrap();
+    op.kill();
+    let killed_at = Instant::now();
+    let st = policy_status(&c.client, c.name()).await.unwrap();
+    let recorded = st
+        .get("activeRun")
+        .unwrap_or_else(|| panic!("the run finished before the kill: {st:#}"))
+        .clone();
+    let run_id = str_at(&recorded, "/id").unwrap().to_string();
+    assert_eq!(str_at(&active, "/id"), Some(run_id.as_str()));
+    let recorded_fences: BTreeSet<String> =
+        strings_at(&recorded, "/fencedNodes").into_iter().collect();
+    assert!(!recorded_fences.is_empty(), "{recorded:#}");
+    // The fences outlive the process (a restart must find and remove them).
+    let nodes: Vec<Node> = Api::<Node>::all(c.client.clone())
+        .list(&ListParams::default().labels(&format!("e2e-pool={}", c.pool.name)))
+        .await
+        .unwrap()
+        .items;
+    for n in &nodes {
+        let name = n.metadata.name.clone().unwrap();
+        let fenced = fences(n).any(|v| v == c.name());
+        assert_eq!(
+            fenced,
+            recorded_fences.contains(&name),
+            "node {name}: fence {fenced}, recorded {recorded_fences:?}"
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let evicted_by_first = watch.seen().gone().len();
+
+    let _op2 = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
+    let st = wait_status(
+        &c.client,
+        c.name(),
+        "the killed run to be finished by the new process",
+        RUN_TIMEOUT,
+        has_finished_run,
+    )
+    .await
+    .unwrap();
+    let finished_in = killed_at.elapsed();
+    let run = st.pointer("/lastRuns/0").unwrap().clone();
+    assert_eq!(str_at(&run, "/id"), Some(run_id.as_str()), "{st:#}");
+    let result = str_at(&run, "/result").unwrap_or("").to_string();
+    assert!(
+        ["Succeeded", "Partial", "Aborted", "WindowClosed"].contains(&result.as_str()),
+        "{run:#}"
+    );
+    assert_eq!(c.fenced_nodes().await, Vec::<String>::new(), "fences left");
+    wait_deployments_ready(&c.client, c.name(), &infer, T)
+        .await
+        .unwrap();
+    let seen = watch.seen();
+    let gone = seen.gone();
+    let recorded_evictions = int_at(&run, "/evicted").unwrap();
+    assert!(
+        gone.len() as i64 <= max_run,
+        "{} pods evicted across the restart, limit {max_run}: {gone:?}",
+        gone.len()
+    );
+    assert!(
+        gone.len() as i64 <= planned,
+        "{} pods evicted across the restart, the run planned {planned}: {gone:?}",
+        gone.len()
+    );
+    assert!(
+        recorded_evictions <= max_run
+            && recorded_evictions >= int_at(&recorded, "/evicted").unwrap_or(0),
+        "{run:#}"
+    );
+    assert_eq!(seen.violations, BTreeMap::new());
+    // No pod lost: each Deployment has exactly one live pod.
+    let live = pods(&c.client, c.name(), "e2e-role=infer").await.unwrap();
+    assert_eq!(live.len(), infer.len());
+    eprintln!(
+        "E2E-FIGURE restart: operator SIGKILLed after {} recorded eviction(s) ({evicted_by_first} pods gone 2s later) of run {run_id}; new process finished it as {result} in {:.1}s; evictions observed {} (recorded {recorded_evictions}), planned {planned}, limit {max_run}",
+        int_at(&recorded, "/evicted").unwrap_or(0),
+        finished_in.as_secs_f64(),
+        gone.len(),
+    );
+    c.cleanup(&[c.name()]).await;
+}
+
+/// What only the operator can judge (cron values, time zones) becomes a condition with a
+/// message naming the field; nothing is evicted.
+#[tokio::test]
+async fn invalid_windows_become_conditions_and_nothing_is_evicted() {
+    let c = Case::new("invalid", 2, 4).await;
+    fragment(&c.client, c.name(), &c.pool, &[2, 2])
+        .await
+        .unwrap();
+    let cron = format!("{}-cron", c.name());
+    let zone = format!("{}-zone", c.name());
+    let limits =
+        json!({"maxEvictionsPerRun": 10, "maxEvictionsPerNode": 4, "maxEvictionsPerNamespace": 10});
+    for (name, window) in [
+        (&cron, json!({"schedule": "61 * * * *", "duration": "1h"})),
+        (
+            &zone,
+            json!({"schedule": "* * * * *", "duration": "1h", "timeZone": "Mars/Olympus"}),
+        ),
+    ] {
+        let mut spec = c.spec(json!([{"gpus": 4}]), limits.clone());
+        spec["mode"] = json!("Enforce");
+        spec["windows"] = json!([window]);
+        create_policy(&c.client, name, c.name(), spec)
+            .await
+            .unwrap();
+    }
+    let before = c.uids().await;
+    let t0 = Instant::now();
+    let op = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
+    for (name, field, value) in [
+        (&cron, "spec.windows[0].schedule", "61 * * * *"),
+        (&zone, "spec.windows[0].timeZone", "Mars/Olympus"),
+    ] {
+        let st = wait_status(&c.client, name, "Ready=False", T, |s| {
+            gpu_defrag_e2e::operator::condition_parts(s, "Ready").is_some_and(|r| r.0 == "False")
+        })
+        .await
+        .unwrap();
+        let (_, reason, message) = gpu_defrag_e2e::operator::condition_parts(&st, "Ready").unwrap();
+        assert_eq!(reason, "InvalidWindow", "{st:#}");
+        assert!(
+            message.contains(field) && message.contains(value),
+            "{name}: {message:?} should name {field} and {value:?}"
+        );
+        let degraded = gpu_defrag_e2e::operator::condition_parts(&st, "Degraded").unwrap();
+        assert_eq!(degraded.0, "True", "{degraded:?}");
+        assert!(degraded.2.contains(field), "{degraded:?}");
+        let exec = gpu_defrag_e2e::operator::condition_parts(&st, "Executing").unwrap();
+        assert_eq!(exec.0, "False", "{exec:?}");
+    }
+    while t0.elapsed() < QUIET {
+        assert_eq!(c.fenced_nodes().await, Vec::<String>::new());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    op.ensure_running().unwrap();
+    assert_eq!(
+        c.uids().await,
+        before,
+        "a pod was evicted under an invalid policy"
+    );
+    for name in [&cron, &zone] {
+        let st = policy_status(&c.client, name).await.unwrap();
+        assert!(st.get("activeRun").is_none(), "{st:#}");
+        assert!(
+            st.get("plan").is_none(),
+            "no plan for an invalid policy: {st:#}"
+        );
+    }
+    c.cleanup(&[&cron, &zone]).await;
+}
