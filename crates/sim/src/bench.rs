@@ -51,6 +51,8 @@ pub struct Choice {
     pub fenced_gpus: Vec<(usize, usize)>,
     /// What the planner itself expects (gpu-defrag only).
     pub expected_rate: Option<f64>,
+    /// Drained units by kind (gpu-defrag only).
+    pub units: Option<std::collections::BTreeMap<String, usize>>,
 }
 
 /// One row of the results.
@@ -90,6 +92,9 @@ pub struct Result {
     /// The planner's own forecast of the rate (gpu-defrag only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expected_fragment_rate_after: Option<f64>,
+    /// Units drained, by kind (gpu-defrag only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub units: Option<std::collections::BTreeMap<String, usize>>,
 }
 
 /// An upper limit on what any plan with the budget could reach (not a plan).
@@ -289,6 +294,16 @@ pub fn choose_gpu_defrag(c: &Cluster, policy: &Policy) -> Choice {
         expected_rate: Some(p.after.fragment_rate),
         ..Default::default()
     };
+    let mut units = std::collections::BTreeMap::new();
+    for b in &p.batches {
+        let k = match b.kind {
+            UnitKind::Node => "node",
+            UnitKind::Gpu => "gpu",
+            UnitKind::Group => "group",
+        };
+        *units.entry(k.to_string()).or_default() += 1;
+    }
+    ch.units = Some(units);
     ch.fenced_nodes = p
         .fenced_nodes
         .iter()
@@ -633,6 +648,7 @@ pub fn run(
         pending_after: pending,
         landed_back: back,
         expected_fragment_rate_after: ch.expected_rate,
+        units: ch.units,
     })
 }
 

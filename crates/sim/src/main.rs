@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use gpu_defrag_core::{frag, ingest, policy::Policy, snapshot};
 
 mod bench;
+mod matrix;
 mod scale;
 mod scenario;
 mod synth;
@@ -98,6 +99,37 @@ enum Cmd {
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// Run the benchmark matrix (workloads × seeds) and print the medians as Markdown.
+    Matrix {
+        /// Trace CSV directory (as for `bench`).
+        #[arg(long)]
+        trace: Option<PathBuf>,
+        /// Workloads (comma-separated).
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "default,gpushare40,gpushare80,multigpu30,multigpu50"
+        )]
+        workloads: Vec<String>,
+        /// Seeds 1..=N.
+        #[arg(long, default_value_t = 10)]
+        seeds: u64,
+        /// Load.
+        #[arg(long, default_value_t = 0.9)]
+        load: f64,
+        /// Departures.
+        #[arg(long, default_value_t = 0.3)]
+        departures: f64,
+        /// Budget fraction.
+        #[arg(long, default_value_t = 0.05)]
+        budget: f64,
+        /// HighNodeUtilization threshold, percent.
+        #[arg(long, default_value_t = 50.0)]
+        hnu_threshold: f64,
+        /// Also write every run's JSON lines to this file.
+        #[arg(long)]
+        raw: Option<PathBuf>,
+    },
     /// Time the planner on a large synthetic cluster built directly as a model.
     Scale {
         /// Nodes.
@@ -166,6 +198,29 @@ fn main() -> anyhow::Result<()> {
             planners,
             output,
         })?,
+        Cmd::Matrix {
+            trace,
+            workloads,
+            seeds,
+            load,
+            departures,
+            budget,
+            hnu_threshold,
+            raw,
+        } => {
+            let dir = trace::resolve_dir(trace.as_deref());
+            let md = matrix::run(&matrix::MatrixArgs {
+                dir,
+                workloads,
+                seeds,
+                load,
+                departures,
+                budget,
+                hnu_threshold,
+                raw,
+            })?;
+            print!("{md}");
+        }
         Cmd::Scale {
             nodes,
             gpus_per_node,

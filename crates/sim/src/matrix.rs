@@ -1,0 +1,188 @@
+//! The benchmark matrix: every workload × seed, medians per workload and planner, as
+//! Markdown (what `make bench` writes into docs/benchmarks.md).
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use gpu_defrag_core::frag;
+
+use crate::{bench, scenario, trace};
+
+/// Matrix parameters.
+pub struct MatrixArgs {
+    /// Trace directory.
+    pub dir: PathBuf,
+    /// Workloads.
+    pub workloads: Vec<String>,
+    /// Seeds 1..=N.
+    pub seeds: u64,
+    /// Load.
+    pub load: f64,
+    /// Departures.
+    pub departures: f64,
+    /// Budget fraction.
+    pub budget: f64,
+    /// HighNodeUtilization threshold.
+    pub hnu_threshold: f64,
+    /// Raw JSON lines output.
+    pub raw: Option<PathBuf>,
+}
+
+/// Median of a list (mean of the two middle values for even lengths); 0 when empty.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Runs the matrix; returns the Markdown section.
+pub fn run(a: &MatrixArgs) -> anyhow::Result<String> {
+    let mut raw = match &a.raw {
+        Some(p) => Some(std::fs::File::create(p)?),
+        None => None,
+    };
+    let mut md = String::new();
+    writeln!(
+        md,
+        "| workload | planner | evictions | fragment rate before → after | drop (pp) | drop vs best baseline | fully free GPUs before → after | free 8-GPU nodes before → after | pending | plan ms |"
+    )?;
+    writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    let mut verdicts = Vec::new();
+    let total = a.workloads.len() as u64 * a.seeds;
+    let mut done = 0;
+    let t0 = Instant::now();
+    for w in &a.workloads {
+        let tr = trace::load(&a.dir, w)?;
+        let mut rows: Vec<Vec<bench::Result>> = vec![Vec::new(); bench::PLANNERS.len()];
+        let mut bounds = Vec::new();
+        for seed in 1..=a.seeds {
+            let (c, summary) = scenario::build(
+                &tr,
+                &scenario::Params {
+                    workload: w.clone(),
+                    seed,
+                    load: a.load,
+                    departures: a.departures,
+                },
+            );
+            let shapes = frag::default_shapes(&c, &Default::default());
+            let budget = bench::budget_of(&c, a.budget);
+            let policy = bench::bench_policy(shapes.clone(), budget as u32);
+            let b = bench::bound(&c, &shapes, budget);
+            let mut results = Vec::new();
+            for (i, name) in bench::PLANNERS.iter().enumerate() {
+                let r = bench::run(name, &c, &policy, budget, a.hnu_threshold)?;
+                rows[i].push(r.clone());
+                results.push(r);
+            }
+            if let Some(f) = raw.as_mut() {
+                let line = serde_json::json!({
+                    "scenario": {"workload": w, "seed": seed, "load": a.load,
+                        "departures": a.departures, "budget": budget, "summary": summary},
+                    "bound": b, "results": results});
+                writeln!(f, "{line}")?;
+            }
+            bounds.push(b);
+            done += 1;
+            eprint!(
+                "\r[{done}/{total}] {w} seed {seed} ({:.0}s)      ",
+                t0.elapsed().as_secs_f64()
+            );
+        }
+        let med = |i: usize, f: &dyn Fn(&bench::Result) -> f64| -> f64 {
+            median(rows[i].iter().map(f).collect())
+        };
+        let drop = |r: &bench::Result| r.fragment_rate_before - r.fragment_rate_after;
+        let best_baseline = (1..bench::PLANNERS.len() - 1)
+            .map(|i| med(i, &drop))
+            .fold(0.0, f64::max);
+        let best_nodes = (1..bench::PLANNERS.len() - 1)
+            .map(|i| med(i, &|r| r.fully_free8_gpu_nodes_after as f64))
+            .fold(0.0, f64::max);
+        for (i, name) in bench::PLANNERS.iter().enumerate() {
+            let d = med(i, &drop);
+            let ratio = if *name == "none" || best_baseline <= 0.0 {
+                "".to_string()
+            } else {
+                format!("{:.2}×", d / best_baseline)
+            };
+            writeln!(
+                md,
+                "| {w} | {name} | {:.0} | {:.4} → {:.4} | {:.2} | {ratio} | {:.0} → {:.0} | {:.0} → {:.0} | {:.0} | {:.1} |",
+                med(i, &|r| r.evictions as f64),
+                med(i, &|r| r.fragment_rate_before),
+                med(i, &|r| r.fragment_rate_after),
+                100.0 * d,
+                med(i, &|r| r.fully_free_gpus_before as f64),
+                med(i, &|r| r.fully_free_gpus_after as f64),
+                med(i, &|r| r.fully_free8_gpu_nodes_before as f64),
+                med(i, &|r| r.fully_free8_gpu_nodes_after as f64),
+                med(i, &|r| r.pending_after as f64),
+                med(i, &|r| r.plan_millis),
+            )?;
+        }
+        let bm = |f: &dyn Fn(&bench::Bound) -> f64| median(bounds.iter().map(f).collect());
+        let before = med(0, &|r| r.fragment_rate_before);
+        writeln!(
+            md,
+            "| {w} | *bound* | {:.0} | ≥ {:.4} | ≤ {:.2} | | ≤ {:.0} | ≤ {:.0} | | |",
+            bm(&|b| b.budget as f64),
+            bm(&|b| b.fragment_rate_after_min),
+            100.0 * (before - bm(&|b| b.fragment_rate_after_min)),
+            bm(&|b| b.fully_free_gpus_after_max as f64),
+            bm(&|b| b.fully_free8_gpu_nodes_after_max as f64),
+        )?;
+        let g = bench::PLANNERS.len() - 1;
+        let gd = med(g, &drop);
+        let gn = med(g, &|r| r.fully_free8_gpu_nodes_after as f64);
+        let expected = median(
+            rows[g]
+                .iter()
+                .filter_map(|r| r.expected_fragment_rate_after)
+                .collect(),
+        );
+        verdicts.push(format!(
+            "- **{w}**: gpu-defrag drop {:.2} pp vs best baseline {:.2} pp → {:.2}× (target ≥ 1.5×: {}); free 8-GPU nodes after {:.0} vs best baseline {:.0} (target more: {}); gap to the bound: {:.2} pp of fragment rate, {:.0} fully free GPUs, {:.0} free 8-GPU nodes; the planner's own forecast of the rate after: {:.4} (measured {:.4}).",
+            100.0 * gd,
+            100.0 * best_baseline,
+            if best_baseline > 0.0 { gd / best_baseline } else { f64::INFINITY },
+            if gd >= 1.5 * best_baseline { "met" } else { "**not met**" },
+            gn,
+            best_nodes,
+            if gn > best_nodes { "met" } else { "**not met**" },
+            100.0 * (med(g, &|r| r.fragment_rate_after) - bm(&|b| b.fragment_rate_after_min)),
+            bm(&|b| b.fully_free_gpus_after_max as f64) - med(g, &|r| r.fully_free_gpus_after as f64),
+            bm(&|b| b.fully_free8_gpu_nodes_after_max as f64) - gn,
+            expected,
+            med(g, &|r| r.fragment_rate_after),
+        ));
+    }
+    eprintln!();
+    std::io::stderr().flush().ok();
+    md.push('\n');
+    for v in verdicts {
+        md.push_str(&v);
+        md.push('\n');
+    }
+    Ok(md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(vec![]), 0.0);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+}
