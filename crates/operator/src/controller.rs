@@ -95,6 +95,8 @@ pub struct Ctx {
     pub reporter: Reporter,
     /// Runs in progress, by policy name.
     pub runs: Mutex<HashMap<String, RunHandle>>,
+    /// Set once the node, pod and PDB caches hold a full list.
+    pub caches_ready: Arc<std::sync::atomic::AtomicBool>,
     /// Last dry-run check per policy: plan fingerprint, when, result.
     pub dry_checks: Mutex<HashMap<String, (u64, Instant, DryRunCheck)>>,
 }
@@ -174,6 +176,13 @@ pub fn pod_ready(p: &Pod) -> bool {
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Parses an RFC 3339 time from status.
+pub fn parse_ts(s: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(s)
+        .ok()
+        .map(|t| t.with_timezone(&Utc))
 }
 
 /// RFC 3339 "now".
@@ -296,6 +305,10 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
         // Standby replicas compute nothing and write nothing.
         return Ok(Action::requeue(Duration::from_secs(10)));
     }
+    if !ctx.caches_ready.load(std::sync::atomic::Ordering::SeqCst) {
+        // Never plan (or resume a run) on a partial view of the cluster.
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     let now = Utc::now();
     let now_s = ts(now);
     let api: Api<DefragPolicy> = Api::all(ctx.client.clone());
@@ -376,15 +389,19 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
     let mut run_note = String::new();
     if !running {
         match (&old.active_run, open) {
-            (Some(active), Some(span))
-                if enforce && conflict.is_none() && active.window_end == ts(span.end) =>
+            (Some(active), Some(_))
+                if enforce
+                    && conflict.is_none()
+                    && parse_ts(&active.window_end).is_some_and(|end| end > now) =>
             {
+                // The run's own window is still open: resume it, with its own end.
                 info!(policy = %name, run = %active.id, "resuming run after restart");
+                let end = parse_ts(&active.window_end).expect("checked");
                 executor::start(
                     ctx.clone(),
                     dp.clone(),
                     policy.clone(),
-                    span.end,
+                    end,
                     Some(active.clone()),
                 )
                 .await;
@@ -402,10 +419,13 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
             (None, Some(span))
                 if enforce && conflict.is_none() && triggered && !plan.moves.is_empty() =>
             {
+                // One run per window: overlapping openings (e.g. `* * * * *` with a 1h
+                // duration) count as the window of the last run until it ends.
                 let already = old
                     .last_runs
                     .first()
-                    .is_some_and(|r| r.window_end == ts(span.end));
+                    .and_then(|r| parse_ts(&r.window_end))
+                    .is_some_and(|end| end > now);
                 if !already {
                     executor::start(ctx.clone(), dp.clone(), policy.clone(), span.end, None).await;
                     run_note = "run started".into();
@@ -716,6 +736,7 @@ pub async fn run(
         },
         runs: Mutex::new(HashMap::new()),
         dry_checks: Mutex::new(HashMap::new()),
+        caches_ready: Arc::new(std::sync::atomic::AtomicBool::new(false)),
     });
     // Series of deleted policies are dropped from /metrics.
     {
@@ -735,13 +756,14 @@ pub async fn run(
     }
     // Ready once the caches are filled.
     let (n, p, b) = (nodes.clone(), pods.clone(), pdbs.clone());
-    let ready2 = ready.clone();
+    let (ready2, caches) = (ready.clone(), ctx.caches_ready.clone());
     tokio::spawn(async move {
         let _ = tokio::join!(
             n.wait_until_ready(),
             p.wait_until_ready(),
             b.wait_until_ready()
         );
+        caches.store(true, std::sync::atomic::Ordering::SeqCst);
         ready2.store(true, std::sync::atomic::Ordering::SeqCst);
     });
     controller

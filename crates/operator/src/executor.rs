@@ -371,15 +371,22 @@ async fn run(
             .iter()
             .filter_map(|p| p.metadata.uid.clone())
             .collect();
-        match evict_api(ns).evict(pod_name, &EvictParams::default()).await {
+        // Record the eviction before asking for it: a crash in between then counts one
+        // eviction too many against the limits, never one too few.
+        let undo = rec.clone();
+        rec.evicted += 1;
+        if rec.evicted_pods.len() < MAX_RECORDED_PODS {
+            rec.evicted_pods.push(m.pod.clone());
+        }
+        *rec.evicted_per_node.entry(m.from_node.clone()).or_default() += 1;
+        write_runs(&ctx, &name, Some(&rec), &last_runs).await?;
+        let outcome = evict_api(ns).evict(pod_name, &EvictParams::default()).await;
+        if outcome.is_err() {
+            rec = undo;
+        }
+        match outcome {
             Ok(_) => {
-                rec.evicted += 1;
-                if rec.evicted_pods.len() < MAX_RECORDED_PODS {
-                    rec.evicted_pods.push(m.pod.clone());
-                }
-                *rec.evicted_per_node.entry(m.from_node.clone()).or_default() += 1;
                 ctx.metrics.eviction(&name, "done");
-                write_runs(&ctx, &name, Some(&rec), &last_runs).await?;
                 let note = format!(
                     "evicted {} from {} ({}); expected to land on {}",
                     m.pod, m.from_node, m.reason, m.to_node
@@ -414,7 +421,9 @@ async fn run(
                 )
                 .await;
             }
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                write_runs(&ctx, &name, Some(&rec), &last_runs).await?;
+            }
             Err(e) => {
                 rec.failed += 1;
                 ctx.metrics.eviction(&name, "failed");
