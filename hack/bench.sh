@@ -105,6 +105,8 @@ EOF
 
 ## Speed
 
+Wall-clock figures on a 2-core machine shared with other engineers' builds, tests and a local control plane while this ran: speed figures include that contention (the planner alone measured 4.3–6.0 s at 10k nodes on a quieter machine state). The report metric is dominated by the pending-pod check (`frag::unplaceable_pending`: every pending pod against every node through `sched::fits`); the synthetic report-bench cluster is overloaded (fragment rate 0.9, most of its 200k pods pending), which makes that check quadratic.
+
 | what | figure | target | |
 |---|---:|---:|---|
 | planner, 10,000 nodes / 80,000 GPUs / 200,000 pods (\`gpu-defrag-sim scale\`) | ${PLAN_MS} ms | < 1000 ms | $(check "$PLAN_MS" 1000) |
