@@ -4,7 +4,7 @@
 //! cpu/memory/models): F_n(m) = Σ_g R_g when m cannot be placed on n or asks for no GPU,
 //! else Σ_g R_g·[R_g < q]. F_n(M) = Σ_m p_m F_n(m); fragmentMilli = Σ_n F_n(M);
 //! idleMilli = Σ_n Σ_g R_g; fragmentRate = fragmentMilli / idleMilli (0 when idle is 0).
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
@@ -400,13 +400,20 @@ pub fn pending_unplaceable(cluster: &Cluster, cap: &Capacity, scope: &Scope) -> 
 
 /// Indices of the pending GPU pods that fit no counted node.
 pub fn unplaceable_pending(cluster: &Cluster, cap: &Capacity, scope: &Scope) -> Vec<usize> {
-    cluster
-        .pods
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| p.is_pending() && p.shape.is_some_and(|s| s.gpus > 0))
-        .filter(|(_, p)| {
-            !cluster.nodes.iter().enumerate().any(|(i, n)| {
+    // Pending pods mostly come in a few kinds: decide once per placement signature
+    // (shape, cpu, memory, selectors, affinity, tolerations, models), not once per pod.
+    let mut memo: HashMap<String, bool> = HashMap::new();
+    let mut out = Vec::new();
+    for (pi, p) in cluster.pods.iter().enumerate() {
+        if !(p.is_pending() && p.shape.is_some_and(|s| s.gpus > 0)) {
+            continue;
+        }
+        let key = format!(
+            "{:?}|{}|{}|{:?}|{:?}|{:?}|{:?}",
+            p.shape, p.cpu, p.mem, p.node_selector, p.affinity, p.tolerations, p.models
+        );
+        let placeable = *memo.entry(key).or_insert_with(|| {
+            cluster.nodes.iter().enumerate().any(|(i, n)| {
                 counted(n, scope)
                     && sched::fits(
                         p,
@@ -418,9 +425,12 @@ pub fn unplaceable_pending(cluster: &Cluster, cap: &Capacity, scope: &Scope) -> 
                     )
                     .is_some()
             })
-        })
-        .map(|(i, _)| i)
-        .collect()
+        });
+        if !placeable {
+            out.push(pi);
+        }
+    }
+    out
 }
 
 #[cfg(test)]

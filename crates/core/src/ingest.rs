@@ -1087,6 +1087,16 @@ fn apply_uses(nodes: &mut [Node], pods: &mut [Pod], kai: &[(usize, String, Milli
         kai_groups_per_node[n].push(v);
     }
 
+    // KAI reservation pods per node (one pass; a per-node scan would be quadratic).
+    let mut reservations: Vec<u64> = vec![0; nodes.len()];
+    for p in pods.iter() {
+        if let Some(i) = p.node
+            && p.namespace == KAI_RESERVATION_NS
+            && matches!(p.gpu, GpuUse::Whole(_))
+        {
+            reservations[i] += 1;
+        }
+    }
     for (i, node) in nodes.iter_mut().enumerate() {
         // Over-committed devices: every pod on them becomes unknown.
         let over: Vec<usize> = sums[i]
@@ -1118,14 +1128,7 @@ fn apply_uses(nodes: &mut [Node], pods: &mut [Pod], kai: &[(usize, String, Milli
             // KAI reservation pods hold one whole GPU per group; the group's fractions
             // share it. Reserved GPUs come first, then the other whole-GPU pods.
             let groups = &kai_groups_per_node[i];
-            let reservation_pods = pods
-                .iter()
-                .filter(|p| {
-                    p.node == Some(i)
-                        && p.namespace == KAI_RESERVATION_NS
-                        && matches!(p.gpu, GpuUse::Whole(_))
-                })
-                .count() as u64;
+            let reservation_pods = reservations[i];
             let plain = whole[i].saturating_sub(reservation_pods);
             let total = node.gpus.len() as u64;
             if plain + groups.len() as u64 > total {

@@ -115,6 +115,9 @@ pub fn fits(
         return None;
     }
     let shape = pod.shape?;
+    if shape.gpus as usize > free.len() {
+        return None;
+    }
     let healthy: Vec<bool> = node.gpus.iter().map(|g| g.healthy).collect();
     pick_devices(free, &healthy, shape)
 }

@@ -177,7 +177,9 @@ pub fn generate(p: &SynthParams) -> Objects {
     for k in 0..p.pods {
         let ns = format!("team-{}", k % 7);
         let name = format!("job-{k:06}");
-        let share = rng.random_bool(0.6);
+        // Mostly shares, a few whole-GPU jobs: about 0.45 GPU per pod on average, so
+        // 200,000 pods nearly fill 80,000 GPUs.
+        let share = rng.random_bool(0.95);
         let cpu: u64 = [2_000u64, 4_000, 8_000][rng.random_range(0..3)];
         let mut req: BTreeMap<String, Quantity> = [
             ("cpu".to_string(), q(format!("{cpu}m"))),
