@@ -105,7 +105,7 @@ EOF
 
 ## Speed
 
-Wall-clock figures on a 2-core machine shared with other engineers' builds, tests and a local control plane while this ran: speed figures include that contention (the planner alone measured 4.3–6.0 s at 10k nodes on a quieter machine state). The report metric is dominated by the pending-pod check (`frag::unplaceable_pending`: every pending pod against every node through `sched::fits`); the synthetic report-bench cluster is overloaded (fragment rate 0.9, most of its 200k pods pending), which makes that check quadratic.
+Wall-clock figures on a 2-core machine shared with other engineers' builds, tests and a local control plane while this ran: speed figures include that contention (the planner alone measured 4.3–6.0 s at 10k nodes on a quieter machine state). The report's pending-pod check (`frag::unplaceable_pending`) decides once per placement signature (shape, cpu, memory, selectors, tolerations), not once per pending pod; loading a JSON snapshot deserialises items straight into their types. Loading is dominated by deserialising 200,000 full Pod objects (k8s-openapi types).
 
 | what | figure | target | |
 |---|---:|---:|---|
