@@ -789,3 +789,69 @@ fn tokio_stream_from(
 pub fn draining_taint(policy: &str) -> serde_json::Value {
     json!({"key": DRAINING_TAINT, "value": policy, "effect": "NoSchedule"})
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpu_defrag_api::v1alpha1::DefragPolicySpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn policy(name: &str, created: i64, selector: serde_json::Value) -> Arc<DefragPolicy> {
+        let spec: DefragPolicySpec =
+            serde_json::from_value(json!({"nodeSelector": selector})).unwrap();
+        let mut p = DefragPolicy::new(name, spec);
+        p.metadata.creation_timestamp = Some(Time(
+            k8s_openapi::jiff::Timestamp::from_second(created).unwrap(),
+        ));
+        Arc::new(p)
+    }
+
+    fn cluster() -> Cluster {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n1", "labels": {"pool": "a", "team": "x"}},
+            "status": {"allocatable": {"nvidia.com/gpu": "8"}, "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .unwrap();
+        ingest::build_cluster(
+            &Objects {
+                nodes: vec![node],
+                ..Default::default()
+            },
+            None,
+        )
+    }
+
+    #[test]
+    fn the_older_policy_wins_an_overlap() {
+        let older = policy("older", 100, json!({"matchLabels": {"pool": "a"}}));
+        let newer = policy("newer", 200, json!({"matchLabels": {"team": "x"}}));
+        let elsewhere = policy("elsewhere", 50, json!({"matchLabels": {"pool": "b"}}));
+        let all = vec![older.clone(), newer.clone(), elsewhere.clone()];
+        let c = cluster();
+        assert!(conflicts_with(&older, &all, &c).is_none());
+        let msg = conflicts_with(&newer, &all, &c).expect("newer overlaps older");
+        assert!(
+            msg.contains("older policy older") && msg.contains("n1"),
+            "{msg}"
+        );
+        assert!(conflicts_with(&elsewhere, &all, &c).is_none());
+    }
+
+    #[test]
+    fn history_counts_every_recorded_eviction() {
+        let run = RunRecord {
+            evicted: 3,
+            evicted_pods: vec!["a/p1".into(), "b/p2".into()],
+            evicted_per_node: [("n1".to_string(), 3)].into(),
+            ..Default::default()
+        };
+        let h = history_of(Some(&run));
+        assert_eq!(
+            h.evicted.len(),
+            3,
+            "an unrecorded name still counts against the run limit"
+        );
+        assert_eq!(h.per_node.get("n1"), Some(&3));
+        assert_eq!(h.per_namespace.get("a"), Some(&1));
+    }
+}
