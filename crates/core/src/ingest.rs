@@ -511,9 +511,11 @@ pub fn label_selector(
 
 fn base_pod(p: &corev1::Pod, nodes: &[Node]) -> (Pod, Requests) {
     let meta = &p.metadata;
-    let spec = p.spec.clone().unwrap_or_default();
-    let req = requests_of(&spec);
-    let annotations = meta.annotations.clone().unwrap_or_default();
+    let empty_spec = corev1::PodSpec::default();
+    let spec = p.spec.as_ref().unwrap_or(&empty_spec);
+    let req = requests_of(spec);
+    let empty = BTreeMap::new();
+    let annotations = meta.annotations.as_ref().unwrap_or(&empty);
     let phase = match p.status.as_ref().and_then(|s| s.phase.as_deref()) {
         Some("Pending") => Phase::Pending,
         Some("Running") => Phase::Running,
@@ -563,7 +565,7 @@ fn base_pod(p: &corev1::Pod, nodes: &[Node]) -> (Pod, Requests) {
         mirror: annotations.contains_key("kubernetes.io/config.mirror"),
         local_storage,
         node_selector: spec.node_selector.clone().unwrap_or_default(),
-        affinity: affinity_of(&spec),
+        affinity: affinity_of(spec),
         tolerations: spec
             .tolerations
             .iter()
@@ -575,7 +577,7 @@ fn base_pod(p: &corev1::Pod, nodes: &[Node]) -> (Pod, Requests) {
                 effect: t.effect.clone().unwrap_or_default(),
             })
             .collect(),
-        models: models_of(&spec),
+        models: models_of(spec),
     };
     (pod, req)
 }
@@ -981,7 +983,8 @@ pub fn build_cluster(objs: &Objects, now: Option<DateTime<Utc>>) -> Cluster {
     let mut kai: Vec<(usize, String, Milli)> = Vec::new(); // (pod index, group, milli)
     for p in &objs.pods {
         let (mut pod, req) = base_pod(p, &nodes);
-        let annotations = p.metadata.annotations.clone().unwrap_or_default();
+        let empty = BTreeMap::new();
+        let annotations = p.metadata.annotations.as_ref().unwrap_or(&empty);
         let node = pod.node.map(|i| (&nodes[i], &ctxs[i]));
         let active = pod.is_active_bound() && pod.node.is_some();
         let resolved = if let Some(e) = node.and_then(|(_, c)| c.inventory_error.clone()) {
@@ -991,7 +994,7 @@ pub fn build_cluster(objs: &Objects, now: Option<DateTime<Utc>>) -> Cluster {
                 Resolved::Use(GpuUse::None, None, None)
             }
         } else {
-            resolve(&pod, &req, &annotations, if active { node } else { None })
+            resolve(&pod, &req, annotations, if active { node } else { None })
         };
         match resolved {
             Resolved::Use(u, shape, scheme) => {

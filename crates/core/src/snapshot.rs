@@ -103,42 +103,10 @@ fn parse_json(text: &str) -> Result<Objects, SnapshotError> {
         let head: Head = serde_json::from_str(raw.get())
             .map_err(|e| SnapshotError::NotAList(short(format!("item {index}: {e}"))))?;
         let kind = head.kind.as_deref().unwrap_or("");
-        let direct = |out: &mut dyn FnMut(
-            &str,
-        ) -> Result<
-            (),
-            serde_path_to_error::Error<serde_json::Error>,
-        >| match out(raw.get()) {
-            Ok(()) => Ok(()),
-            // Re-read as a tree only to name the object in the error.
-            Err(_) => {
-                let v: serde_json::Value = serde_json::from_str(raw.get()).unwrap_or_default();
-                match kind {
-                    "Node" => typed::<corev1::Node>(index, kind, v).map(|_| ()),
-                    "Pod" => typed::<corev1::Pod>(index, kind, v).map(|_| ()),
-                    _ => typed::<PodDisruptionBudget>(index, kind, v).map(|_| ()),
-                }
-            }
-        };
         match kind {
-            "Node" => direct(&mut |t| {
-                objs.nodes.push(serde_path_to_error::deserialize(
-                    &mut serde_json::Deserializer::from_str(t),
-                )?);
-                Ok(())
-            })?,
-            "Pod" => direct(&mut |t| {
-                objs.pods.push(serde_path_to_error::deserialize(
-                    &mut serde_json::Deserializer::from_str(t),
-                )?);
-                Ok(())
-            })?,
-            "PodDisruptionBudget" => direct(&mut |t| {
-                objs.pdbs.push(serde_path_to_error::deserialize(
-                    &mut serde_json::Deserializer::from_str(t),
-                )?);
-                Ok(())
-            })?,
+            "Node" => objs.nodes.push(fast(index, kind, raw.get())?),
+            "Pod" => objs.pods.push(fast(index, kind, raw.get())?),
+            "PodDisruptionBudget" => objs.pdbs.push(fast(index, kind, raw.get())?),
             "Device" => {
                 let v: serde_json::Value = serde_json::from_str(raw.get())
                     .map_err(|e| SnapshotError::NotAList(short(e.to_string())))?;
@@ -148,6 +116,19 @@ fn parse_json(text: &str) -> Result<Objects, SnapshotError> {
         }
     }
     Ok(objs)
+}
+
+/// Deserialises an item straight into its type; only when that fails is it read again,
+/// as a tree with path tracking, to name the object and field in the error.
+fn fast<T: DeserializeOwned>(index: usize, kind: &str, raw: &str) -> Result<T, SnapshotError> {
+    match serde_json::from_str::<T>(raw) {
+        Ok(t) => Ok(t),
+        Err(e) => {
+            let v: serde_json::Value = serde_json::from_str(raw)
+                .map_err(|_| SnapshotError::NotAList(short(format!("item {index}: {e}"))))?;
+            typed::<T>(index, kind, v)
+        }
+    }
 }
 
 fn check_kind(kind: Option<&str>) -> Result<(), SnapshotError> {
