@@ -405,14 +405,6 @@ impl<'a> State<'a> {
                 continue;
             }
             let node = &self.c.nodes[n];
-            let mut free = self.cap.free[n].clone();
-            for (i, f) in free.iter_mut().enumerate() {
-                if self.no_target_gpu.contains(&(n, i))
-                    || (unit.kind == UnitKind::Gpu && n == src && Some(i) == unit.gpu)
-                {
-                    *f = 0;
-                }
-            }
             // Shares land on a device as full as the scheme's best fit picks; the
             // node-granularity scheduler needs whole GPUs.
             if node.granularity == Granularity::Node && shape.milli < GPU_MILLI {
@@ -421,6 +413,24 @@ impl<'a> State<'a> {
             if node.scheme != p.scheme.unwrap_or(node.scheme) {
                 continue;
             }
+            // Mask GPUs that may not receive pods (copy only when there are any).
+            let masked_src = unit.kind == UnitKind::Gpu && n == src;
+            let fenced_here = self
+                .no_target_gpu
+                .range((n, 0)..(n + 1, 0))
+                .next()
+                .is_some();
+            let free: std::borrow::Cow<[Milli]> = if masked_src || fenced_here {
+                let mut f = self.cap.free[n].clone();
+                for (i, x) in f.iter_mut().enumerate() {
+                    if self.no_target_gpu.contains(&(n, i)) || (masked_src && Some(i) == unit.gpu) {
+                        *x = 0;
+                    }
+                }
+                std::borrow::Cow::Owned(f)
+            } else {
+                std::borrow::Cow::Borrowed(&self.cap.free[n])
+            };
             if let Some(devs) = sched::fits(
                 p,
                 node,

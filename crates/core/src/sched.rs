@@ -75,16 +75,22 @@ pub fn placement_allowed(pod: &Pod, node: &Node) -> bool {
 /// the fullest GPU that fits; for whole GPUs, the first fully free ones. `None` if it
 /// does not fit. Returned indices are into `node.gpus`.
 pub fn pick_devices(free: &[Milli], healthy: &[bool], shape: GpuShape) -> Option<Vec<usize>> {
+    pick_with(free, |i| healthy.get(i) == Some(&true), shape)
+}
+
+/// [`pick_devices`] with health given by a function of the GPU index (no allocation).
+fn pick_with(
+    free: &[Milli],
+    healthy: impl Fn(usize) -> bool,
+    shape: GpuShape,
+) -> Option<Vec<usize>> {
     if shape.gpus == 0 {
         return Some(Vec::new());
     }
     if shape.gpus == 1 && shape.milli < GPU_MILLI {
         let mut best: Option<(Milli, usize)> = None;
         for (i, &f) in free.iter().enumerate() {
-            if healthy.get(i) == Some(&true)
-                && f >= shape.milli
-                && best.is_none_or(|(bf, _)| f < bf)
-            {
+            if healthy(i) && f >= shape.milli && best.is_none_or(|(bf, _)| f < bf) {
                 best = Some((f, i));
             }
         }
@@ -94,7 +100,7 @@ pub fn pick_devices(free: &[Milli], healthy: &[bool], shape: GpuShape) -> Option
     let picked: Vec<usize> = free
         .iter()
         .enumerate()
-        .filter(|(i, f)| healthy.get(*i) == Some(&true) && **f >= shape.milli)
+        .filter(|(i, f)| healthy(*i) && **f >= shape.milli)
         .map(|(i, _)| i)
         .take(need)
         .collect();
@@ -118,8 +124,7 @@ pub fn fits(
     if shape.gpus as usize > free.len() {
         return None;
     }
-    let healthy: Vec<bool> = node.gpus.iter().map(|g| g.healthy).collect();
-    pick_devices(free, &healthy, shape)
+    pick_with(free, |i| node.gpus.get(i).is_some_and(|g| g.healthy), shape)
 }
 
 /// MostAllocated score of a node for GPUs after placing `add_milli` (higher is fuller).
