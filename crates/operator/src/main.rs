@@ -178,12 +178,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             output,
             max_rows,
         } => {
-            let policy = match policy {
-                Some(p) => input::read_policy(&p)?.1,
-                None => Policy::default(),
-            };
-            let (objs, now) = load(snapshot)?;
-            let cluster = ingest::build_cluster(&objs, now);
+            let (cluster, policy, _) = load_inputs(snapshot, policy)?;
             let report = frag::report(&cluster, &policy);
             match output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
@@ -199,12 +194,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             policy,
             output,
         } => {
-            let policy = match policy {
-                Some(p) => input::read_policy(&p)?.1,
-                None => Policy::default(),
-            };
-            let (objs, now) = load(snapshot)?;
-            let cluster = ingest::build_cluster(&objs, now);
+            let (cluster, policy, now) = load_inputs(snapshot, policy)?;
             let before = frag::report(&cluster, &policy);
             let plan = gpu_defrag_core::plan::plan(&cluster, &policy, now, &Default::default());
             let after_cluster = gpu_defrag_core::plan::apply(&cluster, &plan);
@@ -237,6 +227,24 @@ async fn client() -> anyhow::Result<kube::Client> {
     let mut config = kube::Config::infer().await?;
     config.default_retry = false;
     Ok(kube::Client::try_from(config)?)
+}
+
+/// The cluster model (from a snapshot or the live cluster), the policy (from a file or
+/// the defaults) and the instant ages are measured from (None for snapshots).
+fn load_inputs(
+    snapshot: Option<PathBuf>,
+    policy: Option<PathBuf>,
+) -> anyhow::Result<(
+    gpu_defrag_core::model::Cluster,
+    Policy,
+    Option<chrono::DateTime<chrono::Utc>>,
+)> {
+    let policy = match policy {
+        Some(p) => input::read_policy(&p)?.1,
+        None => Policy::default(),
+    };
+    let (objs, now) = load(snapshot)?;
+    Ok((ingest::build_cluster(&objs, now), policy, now))
 }
 
 /// Objects from a snapshot file, or from the live cluster with the current time.
