@@ -1023,8 +1023,13 @@ pub fn build_cluster(objs: &Objects, now: Option<DateTime<Utc>>) -> Cluster {
         pdbs,
         now,
     };
-    c.pods
-        .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    // kubectl lists pods in this order already; checking is cheaper than sorting.
+    fn key(p: &Pod) -> (&str, &str) {
+        (&p.namespace, &p.name)
+    }
+    if !c.pods.is_sorted_by(|a, b| key(a) <= key(b)) {
+        c.pods.sort_by(|a, b| key(a).cmp(&key(b)));
+    }
     c
 }
 

@@ -109,6 +109,19 @@ pub(crate) fn parse_milli(key: &'static str, q: &str, allow_si: bool) -> Result<
     };
     pow10 += 3;
 
+    // Common case, whole numbers (`8`, `500m`, `64Gi`): exact in a u128 without the
+    // general path (≤ 15 digits × 10^21, or × 10^3 × 2^60, stays below 2^128).
+    if frac_part.is_empty()
+        && int_part.len() <= 15
+        && pow10 >= 0
+        && ((pow2 == 0 && pow10 <= 21) || pow10 <= 3)
+    {
+        let int = int_part
+            .bytes()
+            .fold(0u128, |acc, b| acc * 10 + u128::from(b - b'0'));
+        return Ok((int * 10u128.pow(pow10 as u32)) << pow2);
+    }
+
     // Significant digits: drop leading zeros, fold trailing zeros into the exponent.
     let digits = int_part.bytes().chain(frac_part.bytes());
     pow10 -= frac_part.len() as i64;
@@ -391,6 +404,17 @@ mod tests {
             let _ = quantity_to_milli(&s);
             let _ = quantity_to_bytes(&s);
             let _ = quantity_to_count(&s);
+        }
+
+        /// The whole-number shortcut agrees with the general path (`n.0` takes it).
+        #[test]
+        fn whole_number_shortcut_is_exact(
+            n in prop_oneof![0u64..2000, 0u64..1_000_000_000_000_000],
+            suf in "(|m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|e[0-9]{1,2}|e-[0-9])",
+        ) {
+            let fast = parse_milli(keys::QUANTITY, &format!("{n}{suf}"), true);
+            let general = parse_milli(keys::QUANTITY, &format!("{n}.0{suf}"), true);
+            prop_assert_eq!(fast.ok(), general.ok());
         }
 
         #[test]
