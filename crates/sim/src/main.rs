@@ -7,11 +7,15 @@ use clap::{Parser, Subcommand};
 use gpu_defrag_core::{frag, ingest, policy::Policy, snapshot};
 
 mod bench;
+mod cputime;
 mod matrix;
 mod scale;
 mod scenario;
 mod synth;
 mod trace;
+
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(
@@ -288,21 +292,22 @@ fn main() -> anyhow::Result<()> {
             let text = serde_json::to_string(&synth::to_list_json(&objs))?;
             let gen_s = t0.elapsed().as_secs_f64();
             drop(objs);
-            let t1 = Instant::now();
+            let t1 = cputime::Timer::start();
             let objs = snapshot::parse(&text)?;
-            let parse_s = t1.elapsed().as_secs_f64();
-            let t2 = Instant::now();
+            let (parse_s, parse_cpu) = t1.stop();
+            let t2 = cputime::Timer::start();
             let cluster = ingest::build_cluster(&objs, None);
-            let ingest_s = t2.elapsed().as_secs_f64();
+            let (ingest_s, ingest_cpu) = t2.stop();
             let policy = Policy::default();
             let mut times = Vec::new();
             let mut report = None;
             for _ in 0..reps.max(1) {
-                let t = Instant::now();
+                let t = cputime::Timer::start();
                 report = Some(frag::report(&cluster, &policy));
-                times.push(t.elapsed().as_secs_f64());
+                times.push(t.stop());
             }
-            times.sort_by(f64::total_cmp);
+            times.sort_by(|a, b| a.1.total_cmp(&b.1));
+            let (metric_s, metric_cpu) = times[times.len() / 2];
             let r = report.expect("at least one repetition");
             let out = serde_json::json!({
                 "nodes": cluster.nodes.len(),
@@ -313,7 +318,13 @@ fn main() -> anyhow::Result<()> {
                 "parseSeconds": parse_s,
                 "normaliseSeconds": ingest_s,
                 "loadSeconds": parse_s + ingest_s,
-                "metricSeconds": times[times.len() / 2],
+                "metricSeconds": metric_s,
+                "cpuSeconds": {
+                    "parse": parse_cpu,
+                    "normalise": ingest_cpu,
+                    "load": parse_cpu + ingest_cpu,
+                    "metric": metric_cpu,
+                },
                 "fragmentRate": r.fragment_rate,
                 "unknownPods": r.unknown_pods,
             });
