@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: all build demo test lint fmt crds check-crds bench clean help
+.PHONY: all build demo test lint fmt crds check-crds check-monitoring bench clean help
 
 all: build
 
@@ -16,7 +16,7 @@ build: ## Build every binary (release)
 demo: ## Build, make a fragmented example cluster and report on it
 	@bash hack/demo.sh
 
-test: lint check-crds ## Every test: format, lints, unit, property and e2e tests
+test: lint check-crds check-monitoring ## Every test: format, lints, unit, property and e2e tests
 	$(CARGO) test --workspace --all-targets
 
 lint: ## cargo fmt --check and clippy -D warnings
@@ -36,6 +36,11 @@ check-crds: ## Fail when crds/ is stale
 	  || { echo "crds/defragpolicy.yaml is stale: run 'make crds'"; exit 1; }
 	@cmp -s crds/defragpolicy.yaml config/crd/defragpolicy.yaml \
 	  || { echo "config/crd/defragpolicy.yaml differs from crds/: run 'make crds'"; exit 1; }
+
+check-monitoring: ## promtool check and unit tests of the alert rules (installs Debian's prometheus)
+	@bash hack/install-prometheus.sh
+	promtool check rules config/prometheus/rules.yaml
+	promtool test rules config/prometheus/rules_test.yaml
 
 bench: ## Benchmarks (figures printed; see docs/benchmarks.md)
 	@bash hack/bench.sh

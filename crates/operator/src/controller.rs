@@ -586,9 +586,11 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
             pending_unplaceable: report.pending_unplaceable,
         },
     );
+    ctx.metrics.set_trigger(&name, policy.min_fragment_rate);
     ctx.metrics
         .set_plan(&name, plan.moves.len() as u64, &plan.skipped);
     ctx.metrics.set_window(&name, open.is_some());
+    ctx.metrics.set_gpus(&cluster.nodes);
     ctx.metrics
         .observe_reconcile(started.elapsed().as_secs_f64());
 

@@ -76,6 +76,10 @@ enum Cmd {
         /// per team, or isolated tests). Empty: all.
         #[arg(long, default_value = "")]
         policy_selector: String,
+        /// Also export `gpu_defrag_gpu_used_milli{node,gpu}`: one series per GPU of the
+        /// cluster, for per-GPU heatmaps (cardinality grows with the GPU count).
+        #[arg(long, env = "GPU_DEFRAG_METRICS_PER_GPU", default_value_t = false)]
+        metrics_per_gpu: bool,
     },
     /// Plan migrations for a snapshot and a policy: report before, the moves, report after.
     Plan {
@@ -115,6 +119,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             identity,
             lease_duration,
             policy_selector,
+            metrics_per_gpu,
         } => {
             tracing_subscriber::fmt()
                 .with_env_filter(
@@ -131,7 +136,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .build()?;
             rt.block_on(async move {
                 let client = client().await?;
-                let metrics = metrics::Metrics::new();
+                let metrics = metrics::Metrics::with_per_gpu(metrics_per_gpu);
                 let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
                 let mut elector = None;
                 let leader = if leader_elect {

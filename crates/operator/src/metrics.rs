@@ -7,8 +7,17 @@
 //! ```
 //!
 //! Labels are low-cardinality only: the policy name, and fixed words for `result`, `reason`
-//! and `kind`. Never a pod or node name. Counters are exposed with a `_total` suffix and
-//! durations as `_seconds` histograms.
+//! and `kind`. Never a pod name. Counters are exposed with a `_total` suffix and durations as
+//! `_seconds` histograms.
+//!
+//! One family is opt-in because it grows with the cluster: `gpu_defrag_gpu_used_milli{node,
+//! gpu}` (one series per GPU, `--metrics-per-gpu`), for per-node/per-GPU heatmaps. It is
+//! refilled from the cluster model every reconcile; GPUs and nodes that vanished lose their
+//! series.
+//!
+//! Only the leader computes anything, so a replica that is not the leader drops its gauges
+//! of cluster state (fragmentation, plan, window, trigger, per-GPU use): what a standby would
+//! otherwise export is the stale picture of its last term. Counters and histograms stay.
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -19,6 +28,20 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
+
+use gpu_defrag_core::model::{Milli, Node};
+
+/// The `result` values of `gpu_defrag_evictions_total`: the executor's outcomes, then the
+/// server-side dry-run checks of planned evictions. Each policy exports all of them from its
+/// first reconcile on (at 0), so `increase()` sees the first event too.
+pub const EVICTION_RESULTS: [&str; 6] = [
+    "done",
+    "blocked",
+    "bounced",
+    "failed",
+    "dry_run_allowed",
+    "dry_run_blocked",
+];
 
 /// The fragmentation numbers of one policy's report, as exported.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -62,6 +85,14 @@ struct KindLabels {
     kind: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct GpuLabels {
+    /// Node name.
+    node: String,
+    /// Device index on the node (0-based, in the order of the node's GPUs).
+    gpu: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VersionLabel {
     version: String,
@@ -83,6 +114,7 @@ struct Seen {
 struct Inner {
     registry: Registry,
     fragment_rate: Family<PolicyLabel, GaugeF64>,
+    min_fragment_rate: Family<PolicyLabel, GaugeF64>,
     idle_milli: Family<PolicyLabel, Gauge>,
     fragment_milli: Family<PolicyLabel, Gauge>,
     fully_free_gpus: Family<PolicyLabel, Gauge>,
@@ -99,6 +131,10 @@ struct Inner {
     reconcile_duration: Histogram,
     is_leader: Gauge,
     seen: Mutex<BTreeMap<String, Seen>>,
+    /// `None` unless per-GPU series are enabled.
+    gpu_used: Option<Family<GpuLabels, Gauge>>,
+    /// The per-GPU series exported now (also serialises refills).
+    gpus_seen: Mutex<BTreeSet<GpuLabels>>,
 }
 
 /// The operator's metrics and their registry. Cheap to clone; all clones share the series.
@@ -121,12 +157,19 @@ fn policy(p: &str) -> PolicyLabel {
 }
 
 impl Metrics {
-    /// Creates every family and registers it, plus `gpu_defrag_build_info{version}`.
+    /// Creates every family and registers it, plus `gpu_defrag_build_info{version}`; no
+    /// per-GPU family.
     pub fn new() -> Self {
+        Self::with_per_gpu(false)
+    }
+
+    /// Like [`Metrics::new`], plus `gpu_defrag_gpu_used_milli{node,gpu}` when `per_gpu`.
+    pub fn with_per_gpu(per_gpu: bool) -> Self {
         let mut registry = Registry::with_prefix("gpu_defrag");
         let mut inner = Inner {
             registry: Registry::default(),
             fragment_rate: Family::default(),
+            min_fragment_rate: Family::default(),
             idle_milli: Family::default(),
             fragment_milli: Family::default(),
             fully_free_gpus: Family::default(),
@@ -144,12 +187,19 @@ impl Metrics {
             reconcile_duration: Histogram::new(exponential_buckets(0.005, 2.0, 12)),
             is_leader: Gauge::default(),
             seen: Mutex::default(),
+            gpu_used: per_gpu.then(Family::default),
+            gpus_seen: Mutex::default(),
         };
         let r = &mut registry;
         r.register(
             "fragment_rate",
             "Fragment rate of the policy's GPUs (0..1)",
             inner.fragment_rate.clone(),
+        );
+        r.register(
+            "policy_min_fragment_rate",
+            "The policy's trigger: runs start only at or above this fragment rate (0..1)",
+            inner.min_fragment_rate.clone(),
         );
         r.register(
             "idle_milli",
@@ -224,6 +274,13 @@ impl Metrics {
             "1 while this replica holds the leader lease",
             inner.is_leader.clone(),
         );
+        if let Some(f) = &inner.gpu_used {
+            r.register(
+                "gpu_used_milli",
+                "Allocated milli-GPUs per GPU (0..1000), by node and device index",
+                f.clone(),
+            );
+        }
         let build_info = Family::<VersionLabel, Gauge>::default();
         build_info
             .get_or_create(&VersionLabel {
@@ -254,6 +311,57 @@ impl Metrics {
         m.pending_unplaceable
             .get_or_create(&l)
             .set(to_i64(r.pending_unplaceable));
+        for result in EVICTION_RESULTS {
+            self.remember(policy_name, |s| &mut s.evictions, result);
+            drop(m.evictions.get_or_create(&ResultLabels {
+                policy: policy_name.to_string(),
+                result: result.to_string(),
+            }));
+        }
+    }
+
+    /// Exports the policy's trigger (`spec.trigger.minFragmentRate`).
+    pub fn set_trigger(&self, policy_name: &str, min_fragment_rate: f64) {
+        self.0
+            .min_fragment_rate
+            .get_or_create(&policy(policy_name))
+            .set(min_fragment_rate);
+    }
+
+    /// Exports the allocated milli of every GPU of `nodes` when per-GPU series are enabled
+    /// (otherwise does nothing). Series of GPUs not in `nodes` are removed.
+    pub fn set_gpus(&self, nodes: &[Node]) {
+        if self.0.gpu_used.is_none() {
+            return;
+        }
+        self.set_gpu_use(nodes.iter().flat_map(|n| {
+            n.gpus
+                .iter()
+                .enumerate()
+                .map(move |(i, g)| (n.name.as_str(), i, g.used))
+        }));
+    }
+
+    /// `(node, device index, used milli)` of every GPU; replaces the previous set.
+    fn set_gpu_use<'a>(&self, gpus: impl IntoIterator<Item = (&'a str, usize, Milli)>) {
+        let Some(family) = &self.0.gpu_used else {
+            return;
+        };
+        let mut seen = self.0.gpus_seen.lock().unwrap_or_else(|e| e.into_inner());
+        let mut now = BTreeSet::new();
+        for (node, index, used) in gpus {
+            let l = GpuLabels {
+                node: node.to_string(),
+                gpu: index.to_string(),
+            };
+            family.get_or_create(&l).set(i64::from(used));
+            now.insert(l);
+        }
+        // Remove after setting, so a scrape in between never sees a missing GPU.
+        for gone in seen.difference(&now) {
+            family.remove(gone);
+        }
+        *seen = now;
     }
 
     /// Exports the plan size and skipped pods by reason. Reasons seen before but absent now
@@ -340,9 +448,34 @@ impl Metrics {
             .set(i64::from(open));
     }
 
-    /// Exports whether this replica is the leader.
+    /// Exports whether this replica is the leader. A replica that is not drops its gauges
+    /// of cluster state (see the module documentation).
     pub fn set_leader(&self, leader: bool) {
-        self.0.is_leader.set(i64::from(leader));
+        let m = &self.0;
+        m.is_leader.set(i64::from(leader));
+        if leader {
+            return;
+        }
+        for f in [
+            &m.idle_milli,
+            &m.fragment_milli,
+            &m.fully_free_gpus,
+            &m.fully_free_nodes,
+            &m.unknown_pods,
+            &m.pending_unplaceable,
+            &m.plan_moves,
+            &m.window_open,
+        ] {
+            f.clear();
+        }
+        m.fragment_rate.clear();
+        m.min_fragment_rate.clear();
+        m.skipped_pods.clear();
+        if let Some(f) = &m.gpu_used {
+            let mut seen = m.gpus_seen.lock().unwrap_or_else(|e| e.into_inner());
+            f.clear();
+            seen.clear();
+        }
     }
 
     /// Removes every series of a deleted policy.
@@ -362,6 +495,7 @@ impl Metrics {
             f.remove(&l);
         }
         m.fragment_rate.remove(&l);
+        m.min_fragment_rate.remove(&l);
         m.run_duration.remove(&l);
         let seen = m
             .seen
@@ -517,5 +651,378 @@ mod tests {
             m.encode()
                 .contains("gpu_defrag_evictions_total{policy=\"p\",result=\"failed\"} 1")
         );
+    }
+
+    #[test]
+    fn trigger_is_exported_and_forgotten() {
+        let m = sample();
+        m.set_trigger("nightly", 0.2);
+        assert!(
+            m.encode()
+                .contains("gpu_defrag_policy_min_fragment_rate{policy=\"nightly\"} 0.2")
+        );
+        m.forget_policy("nightly");
+        assert!(!m.encode().contains("nightly"));
+    }
+
+    #[test]
+    fn every_eviction_result_exists_from_the_first_report() {
+        let m = Metrics::new();
+        m.set_report("p", &ReportNumbers::default());
+        let text = m.encode();
+        for result in EVICTION_RESULTS {
+            let want = format!("gpu_defrag_evictions_total{{policy=\"p\",result=\"{result}\"}} 0");
+            assert!(text.contains(&want), "missing {want:?} in\n{text}");
+        }
+        m.forget_policy("p");
+        assert!(!m.encode().contains("gpu_defrag_evictions_total{"));
+    }
+
+    #[test]
+    fn per_gpu_family_is_opt_in() {
+        let m = Metrics::new();
+        m.set_gpu_use([("node-a", 0, 500)]);
+        assert!(!m.encode().contains("gpu_used_milli"));
+        let m = Metrics::with_per_gpu(true);
+        m.set_gpu_use([("node-a", 0, 500), ("node-a", 1, 0)]);
+        let text = m.encode();
+        assert!(
+            text.contains("# TYPE gpu_defrag_gpu_used_milli gauge"),
+            "{text}"
+        );
+        assert!(text.contains("gpu_defrag_gpu_used_milli{node=\"node-a\",gpu=\"0\"} 500"));
+        assert!(text.contains("gpu_defrag_gpu_used_milli{node=\"node-a\",gpu=\"1\"} 0"));
+    }
+
+    #[test]
+    fn per_gpu_series_of_vanished_nodes_and_gpus_are_removed() {
+        let m = Metrics::with_per_gpu(true);
+        m.set_gpu_use([("a", 0, 1000), ("a", 1, 250), ("b", 0, 0), ("b", 1, 0)]);
+        // Node b is gone, node a lost a GPU, node c is new.
+        m.set_gpu_use([("a", 0, 750), ("c", 0, 1000)]);
+        let text = m.encode();
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("gpu_defrag_gpu_used_milli{"))
+            .collect();
+        assert_eq!(
+            series.len(),
+            2,
+            "only a/0 and c/0 must remain, got {series:?}"
+        );
+        assert!(text.contains("gpu_defrag_gpu_used_milli{node=\"a\",gpu=\"0\"} 750"));
+        assert!(text.contains("gpu_defrag_gpu_used_milli{node=\"c\",gpu=\"0\"} 1000"));
+    }
+
+    /// A Kubernetes object from JSON.
+    fn object<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn gpu_node(name: &str, gpus: u32) -> k8s_openapi::api::core::v1::Node {
+        let alloc = serde_json::json!({
+            "cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": gpus.to_string()
+        });
+        object(serde_json::json!({
+            "metadata": {"name": name},
+            "status": {
+                "allocatable": alloc, "capacity": alloc,
+                "conditions": [{"type": "Ready", "status": "True"}]
+            }
+        }))
+    }
+
+    #[test]
+    fn per_gpu_series_come_from_the_cluster_model() {
+        let pod: k8s_openapi::api::core::v1::Pod = object(serde_json::json!({
+            "metadata": {"name": "train", "namespace": "ml", "uid": "u1"},
+            "spec": {
+                "nodeName": "node-a",
+                "containers": [{
+                    "name": "c",
+                    "resources": {"requests": {"nvidia.com/gpu": "2"},
+                                  "limits": {"nvidia.com/gpu": "2"}}
+                }]
+            },
+            "status": {"phase": "Running"}
+        }));
+        let objs = gpu_defrag_core::ingest::Objects {
+            nodes: vec![
+                gpu_node("node-a", 4),
+                gpu_node("node-b", 2),
+                gpu_node("cpu", 0),
+            ],
+            pods: vec![pod],
+            ..Default::default()
+        };
+        let cluster = gpu_defrag_core::ingest::build_cluster(&objs, None);
+        let m = Metrics::with_per_gpu(true);
+        m.set_gpus(&cluster.nodes);
+        let text = m.encode();
+        let mut per_node: BTreeMap<String, (usize, i64)> = BTreeMap::new();
+        for line in text
+            .lines()
+            .filter(|l| l.starts_with("gpu_defrag_gpu_used_milli{"))
+        {
+            let node = line.split('"').nth(1).unwrap().to_string();
+            let v: i64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+            let e = per_node.entry(node).or_default();
+            e.0 += 1;
+            e.1 += v;
+        }
+        assert_eq!(
+            per_node,
+            BTreeMap::from([
+                ("node-a".to_string(), (4, 2000)),
+                ("node-b".to_string(), (2, 0)),
+            ]),
+            "{text}"
+        );
+        // The GPU-less node exports nothing; a later model without node-b drops its series.
+        let smaller = gpu_defrag_core::ingest::Objects {
+            nodes: vec![gpu_node("node-a", 4)],
+            ..Default::default()
+        };
+        m.set_gpus(&gpu_defrag_core::ingest::build_cluster(&smaller, None).nodes);
+        let text = m.encode();
+        assert!(!text.contains("node-b"), "{text}");
+        assert!(text.contains("gpu_defrag_gpu_used_milli{node=\"node-a\",gpu=\"3\"} 0"));
+    }
+
+    #[test]
+    fn a_replica_that_is_not_leader_drops_its_gauges_of_cluster_state() {
+        let m = Metrics::with_per_gpu(true);
+        m.set_report("nightly", &ReportNumbers::default());
+        m.set_trigger("nightly", 0.3);
+        m.set_plan("nightly", 2, &BTreeMap::from([("pdb".to_string(), 1)]));
+        m.set_window("nightly", true);
+        m.set_gpu_use([("a", 0, 1000)]);
+        m.eviction("nightly", "done");
+        m.run_finished("nightly", "Succeeded", 3.0);
+        m.set_leader(true);
+        m.set_leader(false);
+        let text = m.encode();
+        for gone in [
+            "gpu_defrag_fragment_rate{",
+            "gpu_defrag_policy_min_fragment_rate{",
+            "gpu_defrag_idle_milli{",
+            "gpu_defrag_plan_moves{",
+            "gpu_defrag_skipped_pods{",
+            "gpu_defrag_window_open{",
+            "gpu_defrag_gpu_used_milli{",
+        ] {
+            assert!(!text.contains(gone), "{gone} still exported:\n{text}");
+        }
+        for kept in [
+            "gpu_defrag_is_leader 0",
+            "gpu_defrag_evictions_total{policy=\"nightly\",result=\"done\"} 1",
+            "gpu_defrag_runs_total{policy=\"nightly\",result=\"Succeeded\"} 1",
+            "gpu_defrag_run_duration_seconds_count{policy=\"nightly\"} 1",
+        ] {
+            assert!(text.contains(kept), "missing {kept:?}:\n{text}");
+        }
+        // Leader again: the next reconcile exports everything anew.
+        m.set_leader(true);
+        m.set_gpu_use([("a", 0, 500)]);
+        assert!(
+            m.encode()
+                .contains("gpu_defrag_gpu_used_milli{node=\"a\",gpu=\"0\"} 500")
+        );
+    }
+}
+
+/// The Grafana dashboard and the alert rules in `config/` against what the operator exports.
+#[cfg(test)]
+mod monitoring {
+    use std::collections::BTreeSet;
+
+    use serde::Deserialize;
+    use serde_json::Value;
+
+    use super::*;
+
+    const DASHBOARD: &str = include_str!("../../../config/grafana/gpu-defrag.json");
+    const RULES: &str = include_str!("../../../config/prometheus/rules.yaml");
+    const RULES_TEST: &str = include_str!("../../../config/prometheus/rules_test.yaml");
+    const PROMETHEUS_RULE: &str = include_str!("../../../config/prometheus/prometheusrule.yaml");
+
+    /// Every family with at least one series (the per-GPU family included).
+    fn populated() -> Metrics {
+        let m = Metrics::with_per_gpu(true);
+        m.set_report(
+            "p",
+            &ReportNumbers {
+                fragment_rate: 0.5,
+                idle_milli: 4000,
+                fragment_milli: 2000,
+                ..Default::default()
+            },
+        );
+        m.set_trigger("p", 0.2);
+        m.set_plan("p", 3, &BTreeMap::from([("pdb".to_string(), 1)]));
+        m.set_window("p", true);
+        m.set_gpu_use([("node-a", 0, 1000)]);
+        m.eviction("p", "done");
+        m.run_finished("p", "Succeeded", 10.0);
+        m.reconcile_error("p", "ApiError");
+        m.observe_reconcile(0.01);
+        m.set_leader(true);
+        m
+    }
+
+    /// Names of the samples in an OpenMetrics text (with `_total`, `_bucket`, … suffixes:
+    /// the names Prometheus stores and queries use).
+    fn sample_names(text: &str) -> BTreeSet<String> {
+        text.lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .map(|l| l.split(['{', ' ']).next().unwrap_or_default().to_string())
+            .collect()
+    }
+
+    /// Every `gpu_defrag_…` identifier in a text.
+    fn used_names(text: &str) -> BTreeSet<String> {
+        let ident = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
+        let mut out = BTreeSet::new();
+        for (i, _) in text.match_indices("gpu_defrag_") {
+            if text[..i].chars().next_back().is_some_and(ident) {
+                continue;
+            }
+            let end = text[i..]
+                .find(|c: char| !ident(c))
+                .map_or(text.len(), |e| i + e);
+            out.insert(text[i..end].to_string());
+        }
+        out
+    }
+
+    fn yaml(text: &str) -> Value {
+        Value::deserialize(serde_norway::Deserializer::from_str(text)).unwrap()
+    }
+
+    #[test]
+    fn the_populated_registry_has_samples_of_every_family() {
+        let text = populated().encode();
+        let samples = sample_names(&text);
+        let families: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        assert!(families.len() >= 19, "{families:?}");
+        for f in families {
+            assert!(
+                samples.iter().any(|s| s.starts_with(f)),
+                "family {f} has no sample; populate it in this test"
+            );
+        }
+    }
+
+    #[test]
+    fn dashboard_and_rules_use_only_exported_metrics() {
+        let exported = sample_names(&populated().encode());
+        for (file, text) in [
+            ("config/grafana/gpu-defrag.json", DASHBOARD),
+            ("config/prometheus/rules.yaml", RULES),
+            ("config/prometheus/rules_test.yaml", RULES_TEST),
+            ("config/prometheus/prometheusrule.yaml", PROMETHEUS_RULE),
+        ] {
+            let used = used_names(text);
+            assert!(!used.is_empty(), "{file} uses no gpu_defrag_ metric");
+            let unknown: Vec<&String> = used.difference(&exported).collect();
+            assert!(
+                unknown.is_empty(),
+                "{file} uses metrics the operator does not export: {unknown:?}\nexported: {exported:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn dashboard_shows_what_the_issue_asks_for() {
+        let used = used_names(DASHBOARD);
+        for want in [
+            "gpu_defrag_fragment_rate",
+            "gpu_defrag_policy_min_fragment_rate",
+            "gpu_defrag_idle_milli",
+            "gpu_defrag_fragment_milli",
+            "gpu_defrag_gpu_used_milli",
+            "gpu_defrag_evictions_total",
+            "gpu_defrag_window_open",
+            "gpu_defrag_plan_moves",
+            "gpu_defrag_run_duration_seconds_bucket",
+            "gpu_defrag_reconcile_errors_total",
+        ] {
+            assert!(used.contains(want), "the dashboard does not show {want}");
+        }
+    }
+
+    #[test]
+    fn dashboard_queries_the_datasource_variable() {
+        let d: Value = serde_json::from_str(DASHBOARD).unwrap();
+        let vars = d["templating"]["list"].as_array().unwrap();
+        let var = |name: &str| {
+            vars.iter()
+                .find(|v| v["name"] == name)
+                .unwrap_or_else(|| panic!("no variable {name}"))
+        };
+        assert_eq!(var("datasource")["type"], "datasource");
+        assert_eq!(var("datasource")["query"], "prometheus");
+        assert_eq!(
+            var("policy")["query"]["query"],
+            "label_values(gpu_defrag_fragment_rate, policy)"
+        );
+        let ds = serde_json::json!({"type": "prometheus", "uid": "${datasource}"});
+        assert_eq!(var("policy")["datasource"], ds);
+        let mut ids = BTreeSet::new();
+        for p in d["panels"].as_array().unwrap() {
+            assert!(ids.insert(p["id"].as_i64().unwrap()), "duplicate panel id");
+            if p["type"] == "row" {
+                continue;
+            }
+            let title = p["title"].as_str().unwrap();
+            assert_eq!(p["datasource"], ds, "panel {title}");
+            let targets = p["targets"].as_array().unwrap();
+            assert!(!targets.is_empty(), "panel {title} has no query");
+            for t in targets {
+                assert_eq!(t["datasource"], ds, "panel {title}");
+                assert!(t["expr"].as_str().is_some_and(|e| !e.is_empty()));
+            }
+        }
+    }
+
+    #[test]
+    fn prometheus_rule_holds_the_groups_of_rules_yaml() {
+        let rules = yaml(RULES);
+        let wrapper = yaml(PROMETHEUS_RULE);
+        assert_eq!(wrapper["apiVersion"], "monitoring.coreos.com/v1");
+        assert_eq!(wrapper["kind"], "PrometheusRule");
+        assert!(rules["groups"].as_array().is_some_and(|g| !g.is_empty()));
+        assert_eq!(
+            wrapper["spec"]["groups"], rules["groups"],
+            "config/prometheus/prometheusrule.yaml is stale: run hack/prometheusrule.sh"
+        );
+    }
+
+    #[test]
+    fn rules_alert_on_what_the_issue_asks_for() {
+        let rules = yaml(RULES);
+        let alerts: BTreeMap<&str, &str> = rules["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["rules"].as_array().unwrap())
+            .filter_map(|r| Some((r["alert"].as_str()?, r["expr"].as_str()?)))
+            .collect();
+        let expr = |a: &str| *alerts.get(a).unwrap_or_else(|| panic!("no alert {a}"));
+        assert!(expr("GpuDefragFragmentRateHigh").contains("gpu_defrag_policy_min_fragment_rate"));
+        assert!(expr("GpuDefragEvictionsBlocked").contains("blocked|bounced"));
+        assert!(expr("GpuDefragOperatorAbsent").contains("absent(gpu_defrag_build_info)"));
+        assert!(expr("GpuAllocatedButIdle").contains("DCGM_FI_PROF_SM_ACTIVE{pod!=\"\"}"));
+        // Every alert has a unit test in rules_test.yaml.
+        for a in alerts.keys() {
+            assert!(
+                RULES_TEST.contains(&format!("alertname: {a}\n")),
+                "no promtool test for {a}"
+            );
+        }
     }
 }
