@@ -3,7 +3,14 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: all build demo test lint fmt crds check-crds check-monitoring bench clean help
+# `make install` puts gpu-defrag and the kubectl plugin (kubectl-gpu_defrag, a link to
+# it) into $(DESTDIR)$(BINDIR). Default: ~/.local/bin, no root needed; system-wide:
+# `sudo make install PREFIX=/usr/local`.
+PREFIX ?= $(HOME)/.local
+BINDIR ?= $(PREFIX)/bin
+TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
+
+.PHONY: all build demo test lint fmt crds check-crds check-monitoring bench clean help install uninstall
 
 all: build
 
@@ -26,16 +33,31 @@ lint: ## cargo fmt --check and clippy -D warnings
 fmt: ## Format the code
 	$(CARGO) fmt --all
 
-crds: ## Regenerate crds/defragpolicy.yaml (and its copy for kustomize) from the Rust types
+crds: ## Regenerate crds/defragpolicy.yaml, its copy for kustomize and docs/crd-reference.md from the Rust types
 	$(CARGO) run -q -p gpu-defrag-operator -- crd > crds/defragpolicy.yaml.tmp
 	mv crds/defragpolicy.yaml.tmp crds/defragpolicy.yaml
 	cp crds/defragpolicy.yaml config/crd/defragpolicy.yaml
+	$(CARGO) run -q -p gpu-defrag-operator -- crd --reference > docs/crd-reference.md.tmp
+	mv docs/crd-reference.md.tmp docs/crd-reference.md
 
-check-crds: ## Fail when crds/ is stale
+check-crds: ## Fail when crds/ or docs/crd-reference.md is stale
 	@$(CARGO) run -q -p gpu-defrag-operator -- crd | diff -u crds/defragpolicy.yaml - \
 	  || { echo "crds/defragpolicy.yaml is stale: run 'make crds'"; exit 1; }
 	@cmp -s crds/defragpolicy.yaml config/crd/defragpolicy.yaml \
 	  || { echo "config/crd/defragpolicy.yaml differs from crds/: run 'make crds'"; exit 1; }
+	@$(CARGO) run -q -p gpu-defrag-operator -- crd --reference | diff -u docs/crd-reference.md - \
+	  || { echo "docs/crd-reference.md is stale: run 'make crds'"; exit 1; }
+
+install: ## Build (release) and install gpu-defrag and the kubectl plugin into $(BINDIR) (PREFIX=~/.local)
+	$(CARGO) build --release -p gpu-defrag-operator --bin gpu-defrag
+	install -d "$(DESTDIR)$(BINDIR)"
+	install -m 0755 "$(TARGET_DIR)/release/gpu-defrag" "$(DESTDIR)$(BINDIR)/gpu-defrag"
+	ln -sf gpu-defrag "$(DESTDIR)$(BINDIR)/kubectl-gpu_defrag"
+	@echo "installed $(DESTDIR)$(BINDIR)/gpu-defrag and $(DESTDIR)$(BINDIR)/kubectl-gpu_defrag;"
+	@echo "with $(BINDIR) on PATH, 'kubectl gpu-defrag status' works (see 'kubectl plugin list')"
+
+uninstall: ## Remove what `make install` installed from $(BINDIR)
+	rm -f "$(DESTDIR)$(BINDIR)/gpu-defrag" "$(DESTDIR)$(BINDIR)/kubectl-gpu_defrag"
 
 check-monitoring: ## promtool check and unit tests of the alert rules (installs Debian's prometheus)
 	@bash hack/install-prometheus.sh

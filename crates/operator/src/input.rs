@@ -1,5 +1,5 @@
 //! Reading the inputs of the CLI: snapshot files, policy files, the live cluster.
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use gpu_defrag_api::v1alpha1::{DefragPolicy, DefragPolicySpec};
@@ -8,6 +8,7 @@ use gpu_defrag_core::policy::Policy;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
 
 /// An input problem the user must fix (exit code 2).
 #[derive(Debug, thiserror::Error)]
@@ -20,6 +21,37 @@ pub fn read_snapshot(path: &Path) -> Result<Objects, InputError> {
         .map_err(|e| InputError(format!("{}: {e}", path.display())))?;
     gpu_defrag_core::snapshot::parse(&text)
         .map_err(|e| InputError(format!("{}: {e}", path.display())))
+}
+
+/// Which cluster the CLI reads: the current context of the kubeconfig (`$KUBECONFIG`,
+/// else `~/.kube/config`, else the in-cluster service account) unless told otherwise.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct KubeArgs {
+    /// Kubeconfig file to use instead of `$KUBECONFIG` / `~/.kube/config`.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context to use instead of the current one.
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+}
+
+impl KubeArgs {
+    /// The client configuration these arguments select.
+    pub async fn config(&self) -> anyhow::Result<kube::Config> {
+        let opts = KubeConfigOptions {
+            context: self.context.clone(),
+            ..Default::default()
+        };
+        Ok(match (&self.kubeconfig, &self.context) {
+            (Some(path), _) => {
+                let kc = Kubeconfig::read_from(path)
+                    .map_err(|e| InputError(format!("{}: {e}", path.display())))?;
+                kube::Config::from_custom_kubeconfig(kc, &opts).await?
+            }
+            (None, Some(_)) => kube::Config::from_kubeconfig(&opts).await?,
+            (None, None) => kube::Config::infer().await?,
+        })
+    }
 }
 
 /// Reads a policy file: a DefragPolicy object, or just its spec.
@@ -55,6 +87,56 @@ pub fn read_policy(path: &Path) -> Result<(String, Policy), InputError> {
     let policy =
         Policy::from_spec(&spec).map_err(|e| InputError(format!("{}: {e}", path.display())))?;
     Ok((name, policy))
+}
+
+/// Reads DefragPolicy `name` from the cluster and checks its spec as the operator does.
+pub async fn read_cluster_policy(
+    client: kube::Client,
+    name: &str,
+) -> anyhow::Result<(String, Policy)> {
+    let p = Api::<DefragPolicy>::all(client)
+        .get(name)
+        .await
+        .map_err(|e| not_found(e, name))?;
+    let policy =
+        Policy::from_spec(&p.spec).map_err(|e| InputError(format!("DefragPolicy {name}: {e}")))?;
+    Ok((name.to_string(), policy))
+}
+
+/// DefragPolicy objects as the API server returns them (spec and status untouched):
+/// `name`, or all of them sorted by name.
+pub async fn read_policy_objects(
+    client: kube::Client,
+    name: Option<&str>,
+) -> anyhow::Result<Vec<DynamicObject>> {
+    let api = Api::<DynamicObject>::all_with(client, &ApiResource::erase::<DefragPolicy>(&()));
+    let mut items = match name {
+        Some(n) => vec![api.get(n).await.map_err(|e| not_found(e, n))?],
+        None => api
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| match e {
+                kube::Error::Api(s) if s.code == 404 => anyhow::Error::new(InputError(
+                    "the DefragPolicy CRD (defragpolicies.gpu-defrag.io) is not installed in this cluster"
+                        .into(),
+                )),
+                e => anyhow::Error::new(e).context("listing DefragPolicies"),
+            })?
+            .items,
+    };
+    items.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    Ok(items)
+}
+
+/// A 404 on DefragPolicy `name` is the user's to fix (exit code 2).
+fn not_found(e: kube::Error, name: &str) -> anyhow::Error {
+    match e {
+        kube::Error::Api(s) if s.code == 404 => anyhow::Error::new(InputError(format!(
+            "DefragPolicy {name:?} not found ({}); `kubectl get dfp` lists them",
+            s.message
+        ))),
+        e => anyhow::Error::new(e).context(format!("reading DefragPolicy {name}")),
+    }
 }
 
 /// Reads nodes, pods, PDBs (and Koordinator Devices when that CRD exists) from the

@@ -12,6 +12,7 @@ mod http;
 mod input;
 mod lease;
 mod metrics;
+mod plugin;
 mod render;
 mod status;
 
@@ -35,9 +36,17 @@ enum Output {
 #[derive(Subcommand)]
 enum Cmd {
     /// Print the DefragPolicy CRD as YAML.
-    Crd,
+    Crd {
+        /// Print the field reference of the CRD (Markdown) instead.
+        #[arg(long)]
+        reference: bool,
+    },
     /// Measure GPU fragmentation of a snapshot file or of the live cluster (read-only).
     Report {
+        /// A DefragPolicy of the cluster whose nodeSelector, namespaces and target shapes
+        /// apply (instead of --policy FILE).
+        #[arg(value_name = "POLICY", conflicts_with = "policy")]
+        policy_name: Option<String>,
         /// A `v1` List (YAML or JSON) as `kubectl get nodes,pods,pdb -A -o yaml` prints it.
         /// Without it, the cluster of the current kubeconfig context is read.
         #[arg(long)]
@@ -51,6 +60,8 @@ enum Cmd {
         /// Heatmap rows at most (table output).
         #[arg(long, default_value_t = 40)]
         max_rows: usize,
+        #[command(flatten)]
+        kube: input::KubeArgs,
     },
     /// Run the operator: reconcile DefragPolicies (kubeconfig or in-cluster config).
     Run {
@@ -82,7 +93,11 @@ enum Cmd {
         metrics_per_gpu: bool,
     },
     /// Plan migrations for a snapshot and a policy: report before, the moves, report after.
+    /// Only computes: nothing is evicted, tainted or written.
     Plan {
+        /// A DefragPolicy of the cluster to plan with (instead of --policy FILE).
+        #[arg(value_name = "POLICY", conflicts_with = "policy")]
+        policy_name: Option<String>,
         /// A `v1` List (YAML or JSON). Without it, the live cluster (read-only).
         #[arg(long)]
         snapshot: Option<PathBuf>,
@@ -92,11 +107,26 @@ enum Cmd {
         /// Output format.
         #[arg(short = 'o', long, value_enum, default_value = "table")]
         output: Output,
+        #[command(flatten)]
+        kube: input::KubeArgs,
+    },
+    /// Show what the operator measured, planned and did: the status of every DefragPolicy,
+    /// or in detail of one (read-only).
+    Status {
+        /// The DefragPolicy to show in detail. Without it, one line per policy.
+        #[arg(value_name = "POLICY")]
+        name: Option<String>,
+        /// Output format: `json` prints the raw status (of POLICY, or an object of all
+        /// statuses by policy name).
+        #[arg(short = 'o', long, value_enum, default_value = "table")]
+        output: Output,
+        #[command(flatten)]
+        kube: input::KubeArgs,
     },
 }
 
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    match run(plugin::parse::<Cli>()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             if let Some(input) = e.downcast_ref::<input::InputError>() {
@@ -135,7 +165,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .enable_all()
                 .build()?;
             rt.block_on(async move {
-                let client = client().await?;
+                let client = client(&input::KubeArgs::default()).await?;
                 let metrics = metrics::Metrics::with_per_gpu(metrics_per_gpu);
                 let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
                 let mut elector = None;
@@ -176,14 +206,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 result
             })?;
         }
-        Cmd::Crd => print!("{}", gpu_defrag_api::crd_yaml()),
+        Cmd::Crd { reference: false } => print!("{}", gpu_defrag_api::crd_yaml()),
+        Cmd::Crd { reference: true } => print!("{}", gpu_defrag_api::crd_reference()),
         Cmd::Report {
+            policy_name,
             snapshot,
             policy,
             output,
             max_rows,
+            kube,
         } => {
-            let (cluster, policy, _) = load_inputs(snapshot, policy)?;
+            let (cluster, policy, _) = load_inputs(snapshot, policy, policy_name, &kube)?;
             let report = frag::report(&cluster, &policy);
             match output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
@@ -195,11 +228,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Cmd::Plan {
+            policy_name,
             snapshot,
             policy,
             output,
+            kube,
         } => {
-            let (cluster, policy, now) = load_inputs(snapshot, policy)?;
+            let (cluster, policy, now) = load_inputs(snapshot, policy, policy_name, &kube)?;
             let before = frag::report(&cluster, &policy);
             let plan = gpu_defrag_core::plan::plan(&cluster, &policy, now, &Default::default());
             let after_cluster = gpu_defrag_core::plan::apply(&cluster, &plan);
@@ -221,51 +256,67 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Output::Table => print!("{}", render::plan(&before, &after, &plan)),
             }
         }
+        Cmd::Status { name, output, kube } => {
+            let objs = block_on(async {
+                input::read_policy_objects(client(&kube).await?, name.as_deref()).await
+            })?;
+            let json = matches!(output, Output::Json);
+            print!("{}", render::status(&objs, name.is_some(), json)?);
+        }
     }
     Ok(())
+}
+
+/// Runs a future on a single-threaded runtime (the CLI commands).
+fn block_on<T>(f: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(f)
 }
 
 /// A client from the kubeconfig or in-cluster config. Retries are ours to decide: the
 /// client's built-in retry would re-send an eviction refused with 429 (a PDB) for minutes
 /// instead of reporting it as blocked.
-async fn client() -> anyhow::Result<kube::Client> {
-    let mut config = kube::Config::infer().await?;
+async fn client(kube: &input::KubeArgs) -> anyhow::Result<kube::Client> {
+    let mut config = kube.config().await?;
     config.default_retry = false;
     Ok(kube::Client::try_from(config)?)
 }
 
-/// The cluster model (from a snapshot or the live cluster), the policy (from a file or
-/// the defaults) and the instant ages are measured from (None for snapshots).
+/// The cluster model (from a snapshot or the live cluster), the policy (from a file, from
+/// the cluster by name, or the defaults) and the instant ages are measured from (None for
+/// snapshots). Only reads.
 fn load_inputs(
     snapshot: Option<PathBuf>,
     policy: Option<PathBuf>,
+    policy_name: Option<String>,
+    kube: &input::KubeArgs,
 ) -> anyhow::Result<(
     gpu_defrag_core::model::Cluster,
     Policy,
     Option<chrono::DateTime<chrono::Utc>>,
 )> {
-    let policy = match policy {
-        Some(p) => input::read_policy(&p)?.1,
-        None => Policy::default(),
+    let policy = match (policy, policy_name) {
+        (Some(p), _) => input::read_policy(&p)?.1,
+        (None, Some(name)) => {
+            block_on(async { input::read_cluster_policy(client(kube).await?, &name).await })?.1
+        }
+        (None, None) => Policy::default(),
     };
-    let (objs, now) = load(snapshot)?;
+    let (objs, now) = load(snapshot, kube)?;
     Ok((ingest::build_cluster(&objs, now), policy, now))
 }
 
 /// Objects from a snapshot file, or from the live cluster with the current time.
 fn load(
     snapshot: Option<PathBuf>,
+    kube: &input::KubeArgs,
 ) -> anyhow::Result<(ingest::Objects, Option<chrono::DateTime<chrono::Utc>>)> {
     Ok(match snapshot {
         Some(path) => (input::read_snapshot(&path)?, None),
         None => {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            let objs = rt.block_on(async {
-                let client = client().await?;
-                input::read_live(client).await
-            })?;
+            let objs = block_on(async { input::read_live(client(kube).await?).await })?;
             (objs, Some(chrono::Utc::now()))
         }
     })

@@ -170,6 +170,24 @@ fn cluster_role_is_least_privilege() {
 }
 
 #[test]
+fn viewer_role_only_reads() {
+    let objs = objects();
+    let role = find(&objs, "ClusterRole", "gpu-defrag-viewer");
+    let want: BTreeSet<_> = [
+        grant("", "nodes", &["get", "list"]),
+        grant("", "pods", &["get", "list"]),
+        grant("policy", "poddisruptionbudgets", &["get", "list"]),
+        grant("gpu-defrag.io", "defragpolicies", &["get", "list"]),
+        grant("scheduling.koordinator.sh", "devices", &["get", "list"]),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(grants(&role["rules"]), want);
+    let rbac = &docs(&repo().join("config/rbac/kustomization.yaml"))[0];
+    assert!(strs(&rbac["resources"]).contains(&"viewer_role.yaml".to_string()));
+}
+
+#[test]
 fn leases_only_in_the_operator_namespace() {
     let objs = objects();
     let role = find(&objs, "Role", "gpu-defrag-leader-election");
