@@ -298,18 +298,47 @@ struct State<'a> {
     /// Nodes that received pods (never drained afterwards).
     received: Vec<bool>,
     moved: Vec<bool>,
-    /// Target index: (free milli on the node, node) for counted nodes.
-    index: BTreeSet<(u64, usize)>,
+    /// Target index per node size (GPU count): (free milli on the node, node), counted
+    /// nodes only. Within one size, MostAllocated orders nodes by free milli.
+    index: Vec<BTreeSet<(u64, usize)>>,
+    /// Node → its entry in `index` and the GPU count of that entry.
+    size_class: Vec<usize>,
+    class_gpus: Vec<usize>,
     node_free: Vec<u64>,
+    /// Largest free milli on one healthy GPU, and healthy fully free GPUs, per node:
+    /// quick necessary conditions before the full fit check.
+    max_free: Vec<Milli>,
+    whole_free: Vec<u32>,
     frag_cache: Vec<f64>,
+    /// Running totals over counted nodes (kept in step with `frag_cache`).
+    sums: Totals,
     per_node: Vec<u32>,
     per_ns: HashMap<String, u32>,
-    /// Moves per workload (namespace, owner) in the whole plan.
-    per_owner: HashMap<(String, Owner), u32>,
+    /// Workload (namespace, controller owner) of each pod, as an index into `per_owner`.
+    owner_of: Vec<Option<usize>>,
+    /// Moves per workload in the whole plan.
+    per_owner: Vec<u32>,
     pdb_left: Vec<i64>,
     pod_pdb: Vec<Option<usize>>,
     total: u32,
     pending: Vec<usize>,
+}
+
+/// Most candidate nodes a target search looks at per node size.
+const TARGET_SCAN: usize = 1024;
+
+/// Adds `v` to a small counting list (units hold a handful of pods).
+fn bump<K: PartialEq + Copy>(list: &mut Vec<(K, u32)>, k: K) -> u32 {
+    match list.iter_mut().find(|(x, _)| *x == k) {
+        Some((_, c)) => {
+            *c += 1;
+            *c
+        }
+        None => {
+            list.push((k, 1));
+            1
+        }
+    }
 }
 
 /// A placement decided during evaluation.
@@ -330,15 +359,60 @@ impl<'a> State<'a> {
     }
 
     fn set_free(&mut self, n: usize) {
-        let f: u64 = self.cap.free[n].iter().map(|x| u64::from(*x)).sum();
-        if self.counted[n] {
-            self.index.remove(&(self.node_free[n], n));
-            self.index.insert((f, n));
+        let free = &self.cap.free[n];
+        let gpus = &self.c.nodes[n].gpus;
+        let f: u64 = free.iter().map(|x| u64::from(*x)).sum();
+        let mut max = 0;
+        let mut whole = 0;
+        for (x, g) in free.iter().zip(gpus) {
+            if g.healthy {
+                max = max.max(*x);
+                whole += u32::from(*x >= GPU_MILLI);
+            }
+        }
+        if self.counted[n] && self.node_free[n] != f {
+            let idx = &mut self.index[self.size_class[n]];
+            idx.remove(&(self.node_free[n], n));
+            idx.insert((f, n));
         }
         self.node_free[n] = f;
+        self.max_free[n] = max;
+        self.whole_free[n] = whole;
     }
 
-    fn take(&mut self, pod: usize) {
+    /// A node's share of [`Totals`] (zero when not counted).
+    fn contribution(&self, n: usize) -> (f64, u64, u64, u64) {
+        if !self.counted[n] {
+            return (0.0, 0, 0, 0);
+        }
+        let node = &self.c.nodes[n];
+        let free = &self.cap.free[n];
+        let ff = free
+            .iter()
+            .zip(&node.gpus)
+            .filter(|(r, g)| g.healthy && **r == GPU_MILLI)
+            .count() as u64;
+        (
+            self.frag_cache[n],
+            self.node_free[n],
+            ff,
+            u64::from(ff == node.gpus.len() as u64),
+        )
+    }
+
+    /// Recomputes node `n`'s fragment and moves the running totals with it.
+    fn refresh(&mut self, n: usize) {
+        let (f0, i0, g0, n0) = self.contribution(n);
+        self.frag_cache[n] = self.node_frag(n);
+        let (f1, i1, g1, n1) = self.contribution(n);
+        let t = &mut self.sums;
+        t.fragment_milli += f1 - f0;
+        t.idle_milli = t.idle_milli + i1 - i0;
+        t.fully_free_gpus = t.fully_free_gpus + g1 - g0;
+        t.fully_free_nodes = t.fully_free_nodes + n1 - n0;
+    }
+
+    fn take(&mut self, pod: usize, reindex: bool) {
         let p = &self.c.pods[pod];
         let Some(n) = p.node else { return };
         match &p.gpu {
@@ -364,7 +438,9 @@ impl<'a> State<'a> {
         self.cap.cpu_free[n] += p.cpu;
         self.cap.mem_free[n] += p.mem;
         self.cap.pods_free[n] += 1;
-        self.set_free(n);
+        if reindex {
+            self.set_free(n);
+        }
     }
 
     fn put(&mut self, pod: usize, n: usize, devs: &[usize]) {
@@ -395,54 +471,90 @@ impl<'a> State<'a> {
         self.set_free(n);
     }
 
-    /// Best target for a pod: the fullest node that fits (MostAllocated), best-fit device.
+    /// Best target for a pod as the bin-packing scheduler picks it: the highest
+    /// MostAllocated score on GPU after placement (ties: node order) among nodes that
+    /// fit, best-fit device. Within one node size the score falls as free milli grows,
+    /// so each size's first fitting node is its best; the sizes are then compared.
     fn target(&self, pod: usize, src: usize, unit: &Unit) -> Option<(usize, Vec<usize>)> {
         let p = &self.c.pods[pod];
         let shape = p.shape?;
         let need = u64::from(shape.gpus) * u64::from(shape.milli);
-        for &(_, n) in self.index.range((need, 0)..).take(512) {
-            if self.no_target[n] || (unit.kind != UnitKind::Gpu && n == src) {
+        let mut best: Option<(u64, usize, Vec<usize>)> = None;
+        for (class, idx) in self.index.iter().enumerate() {
+            let size = self.class_gpus[class];
+            if (shape.gpus as usize) > size {
                 continue;
             }
-            let node = &self.c.nodes[n];
-            // Shares land on a device as full as the scheme's best fit picks; the
-            // node-granularity scheduler needs whole GPUs.
-            if node.granularity == Granularity::Node && shape.milli < GPU_MILLI {
-                continue;
-            }
-            if node.scheme != p.scheme.unwrap_or(node.scheme) {
-                continue;
-            }
-            // Mask GPUs that may not receive pods (copy only when there are any).
-            let masked_src = unit.kind == UnitKind::Gpu && n == src;
-            let fenced_here = self
-                .no_target_gpu
-                .range((n, 0)..(n + 1, 0))
-                .next()
-                .is_some();
-            let free: std::borrow::Cow<[Milli]> = if masked_src || fenced_here {
-                let mut f = self.cap.free[n].clone();
-                for (i, x) in f.iter_mut().enumerate() {
-                    if self.no_target_gpu.contains(&(n, i)) || (masked_src && Some(i) == unit.gpu) {
-                        *x = 0;
-                    }
+            for &(free_total, n) in idx.range((need, 0)..).take(TARGET_SCAN) {
+                let score = sched::most_allocated_score(size, free_total, need);
+                if best
+                    .as_ref()
+                    .is_some_and(|(s, bn, _)| score < *s || (score == *s && n > *bn))
+                {
+                    break;
                 }
-                std::borrow::Cow::Owned(f)
-            } else {
-                std::borrow::Cow::Borrowed(&self.cap.free[n])
-            };
-            if let Some(devs) = sched::fits(
-                p,
-                node,
-                &free,
-                self.cap.cpu_free[n],
-                self.cap.mem_free[n],
-                self.cap.pods_free[n],
-            ) {
-                return Some((n, devs));
+                if let Some(devs) = self.fits_on(p, shape, n, src, unit) {
+                    best = Some((score, n, devs));
+                    break;
+                }
             }
         }
-        None
+        best.map(|(_, n, d)| (n, d))
+    }
+
+    /// Devices for `p` on node `n` in the current state, if it may go there.
+    fn fits_on(
+        &self,
+        p: &Pod,
+        shape: GpuShape,
+        n: usize,
+        src: usize,
+        unit: &Unit,
+    ) -> Option<Vec<usize>> {
+        if self.no_target[n] || (unit.kind != UnitKind::Gpu && n == src) {
+            return None;
+        }
+        // Necessary conditions first (cheap): a GPU free enough, enough whole GPUs.
+        if self.max_free[n] < shape.milli
+            || (shape.milli >= GPU_MILLI && self.whole_free[n] < shape.gpus)
+        {
+            return None;
+        }
+        let node = &self.c.nodes[n];
+        // Shares land on a device as full as the scheme's best fit picks; the
+        // node-granularity scheduler needs whole GPUs.
+        if node.granularity == Granularity::Node && shape.milli < GPU_MILLI {
+            return None;
+        }
+        if node.scheme != p.scheme.unwrap_or(node.scheme) {
+            return None;
+        }
+        // Mask GPUs that may not receive pods (copy only when there are any).
+        let masked_src = unit.kind == UnitKind::Gpu && n == src;
+        let fenced_here = self
+            .no_target_gpu
+            .range((n, 0)..(n + 1, 0))
+            .next()
+            .is_some();
+        let free: std::borrow::Cow<[Milli]> = if masked_src || fenced_here {
+            let mut f = self.cap.free[n].clone();
+            for (i, x) in f.iter_mut().enumerate() {
+                if self.no_target_gpu.contains(&(n, i)) || (masked_src && Some(i) == unit.gpu) {
+                    *x = 0;
+                }
+            }
+            std::borrow::Cow::Owned(f)
+        } else {
+            std::borrow::Cow::Borrowed(&self.cap.free[n])
+        };
+        sched::fits(
+            p,
+            node,
+            &free,
+            self.cap.cpu_free[n],
+            self.cap.mem_free[n],
+            self.cap.pods_free[n],
+        )
     }
 
     /// Evaluates a unit on the current state: its placements and fragment gain.
@@ -459,62 +571,53 @@ impl<'a> State<'a> {
         {
             return None;
         }
-        let mut ns: HashMap<&str, u32> = HashMap::new();
-        let mut owners: HashMap<&Owner, u32> = HashMap::new();
-        let mut pdb: HashMap<usize, i64> = HashMap::new();
+        let mut ns: Vec<(&str, u32)> = Vec::new();
+        let mut owners: Vec<(usize, u32)> = Vec::new();
+        let mut pdb: Vec<(usize, u32)> = Vec::new();
         for &pi in &u.pods {
             let p = &self.c.pods[pi];
             if self.moved[pi] {
                 return None;
             }
-            let e = ns.entry(p.namespace.as_str()).or_default();
-            *e += 1;
-            if self.per_ns.get(&p.namespace).copied().unwrap_or(0) + *e
+            let here = bump(&mut ns, p.namespace.as_str());
+            if self.per_ns.get(&p.namespace).copied().unwrap_or(0) + here
                 > self.p.max_evictions_per_namespace
             {
                 return None;
             }
-            if let Some(o) = &p.owner {
-                let e = owners.entry(o).or_default();
-                *e += 1;
-                let before = self
-                    .per_owner
-                    .get(&(p.namespace.clone(), o.clone()))
-                    .copied()
-                    .unwrap_or(0);
-                if before + *e > self.p.max_unavailable_per_workload {
+            if let Some(o) = self.owner_of[pi] {
+                let here = bump(&mut owners, o);
+                if self.per_owner[o] + here > self.p.max_unavailable_per_workload {
                     return None;
                 }
             }
             if let Some(b) = self.pod_pdb[pi] {
-                let e = pdb.entry(b).or_default();
-                *e += 1;
-                if *e > self.pdb_left[b] {
+                let here = bump(&mut pdb, b);
+                if i64::from(here) > self.pdb_left[b] {
                     return None;
                 }
             }
         }
         let src = u.node;
+        // A drained node or group is no target of its own pods, so its index entry and
+        // quick-check figures need not follow the trial (the trial is undone below).
+        let reindex_src = u.kind == UnitKind::Gpu;
         let pending_before = self.pending_fits(src);
-        let mut touched: Vec<usize> = vec![src];
         let before_src = self.frag_cache[src];
         for &pi in &u.pods {
-            self.take(pi);
+            self.take(pi, reindex_src);
         }
-        let mut placed: Vec<Placement> = Vec::new();
+        let mut placed: Vec<Placement> = Vec::with_capacity(u.pods.len());
         let mut ok = true;
-        let mut order = u.pods.clone();
-        // Largest first (hardest to place), then by pod order.
-        order.sort_by_key(|&pi| (std::cmp::Reverse(self.c.pods[pi].held_milli()), pi));
-        let mut before_targets: HashMap<usize, f64> = HashMap::new();
-        for &pi in &order {
+        let mut before_targets: Vec<(usize, f64)> = Vec::with_capacity(u.pods.len());
+        // `u.pods` is largest first (hardest to place), then in pod order.
+        for &pi in &u.pods {
             match self.target(pi, src, u) {
                 Some((n, devs)) => {
-                    before_targets.entry(n).or_insert(self.frag_cache[n]);
-                    self.put(pi, n, &devs);
-                    if !touched.contains(&n) {
-                        touched.push(n);
+                    if !before_targets.iter().any(|(x, _)| *x == n) {
+                        before_targets.push((n, self.frag_cache[n]));
                     }
+                    self.put(pi, n, &devs);
                     placed.push((pi, n, devs));
                 }
                 None => {
@@ -526,7 +629,7 @@ impl<'a> State<'a> {
         let mut gain = 0.0;
         if ok {
             gain += before_src - self.node_frag(src);
-            for (&n, &b) in &before_targets {
+            for &(n, b) in &before_targets {
                 if n != src {
                     gain += b - self.node_frag(n);
                 }
@@ -542,12 +645,12 @@ impl<'a> State<'a> {
             self.unput(*pi, *n, devs);
         }
         for &pi in u.pods.iter().rev() {
-            self.untake(pi);
+            self.untake(pi, reindex_src);
         }
         (ok && gain > 1e-9).then_some((gain, placed))
     }
 
-    fn untake(&mut self, pod: usize) {
+    fn untake(&mut self, pod: usize, reindex: bool) {
         let p = &self.c.pods[pod];
         let Some(n) = p.node else { return };
         match &p.gpu {
@@ -572,7 +675,9 @@ impl<'a> State<'a> {
         self.cap.cpu_free[n] = self.cap.cpu_free[n].saturating_sub(p.cpu);
         self.cap.mem_free[n] = self.cap.mem_free[n].saturating_sub(p.mem);
         self.cap.pods_free[n] = self.cap.pods_free[n].saturating_sub(1);
-        self.set_free(n);
+        if reindex {
+            self.set_free(n);
+        }
     }
 
     /// Whether some unplaceable pending pod would fit on node `n` now.
@@ -596,15 +701,12 @@ impl<'a> State<'a> {
 
     fn commit(&mut self, u: &Unit, placed: &[Placement]) {
         for &pi in &u.pods {
-            self.take(pi);
+            self.take(pi, true);
             self.moved[pi] = true;
             let p = &self.c.pods[pi];
             *self.per_ns.entry(p.namespace.clone()).or_default() += 1;
-            if let Some(o) = &p.owner {
-                *self
-                    .per_owner
-                    .entry((p.namespace.clone(), o.clone()))
-                    .or_default() += 1;
+            if let Some(o) = self.owner_of[pi] {
+                self.per_owner[o] += 1;
             }
             if let Some(b) = self.pod_pdb[pi] {
                 self.pdb_left[b] -= 1;
@@ -613,7 +715,6 @@ impl<'a> State<'a> {
         for (pi, n, devs) in placed {
             self.put(*pi, *n, devs);
             self.received[*n] = true;
-            self.frag_cache[*n] = self.node_frag(*n);
         }
         self.per_node[u.node] += u.pods.len() as u32;
         self.total += u.pods.len() as u32;
@@ -625,11 +726,25 @@ impl<'a> State<'a> {
             }
             UnitKind::Node | UnitKind::Group => self.no_target[u.node] = true,
         }
-        self.frag_cache[u.node] = self.node_frag(u.node);
+        let mut touched: Vec<usize> = placed.iter().map(|(_, n, _)| *n).collect();
+        touched.push(u.node);
+        touched.sort_unstable();
+        touched.dedup();
+        for n in touched {
+            self.refresh(n);
+        }
     }
 
+    /// The running totals (rate derived).
     fn totals(&self) -> Totals {
-        frag::totals(self.c, &self.cap, &self.p.scope, &self.shapes)
+        let mut t = self.sums;
+        t.fragment_milli = t.fragment_milli.max(0.0);
+        t.fragment_rate = if t.idle_milli == 0 {
+            0.0
+        } else {
+            (t.fragment_milli / t.idle_milli as f64).clamp(0.0, 1.0)
+        };
+        t
     }
 }
 
@@ -666,6 +781,11 @@ fn units(
             pods: pods.clone(),
         });
         add_partial_units(c, n, pods, ok, shapes, free, &mut out);
+    }
+    // Placement order within a unit: largest first (hardest to place), then pod order.
+    for u in &mut out {
+        u.pods
+            .sort_by_key(|&pi| (std::cmp::Reverse(c.pods[pi].held_milli()), pi));
     }
     out
 }
@@ -805,40 +925,73 @@ pub fn plan(
             per_node[i] = *v;
         }
     }
+    // Workloads: (namespace, controller owner) → index.
+    let mut workloads: HashMap<(&str, &Owner), usize> = HashMap::new();
+    let owner_of: Vec<Option<usize>> = cluster
+        .pods
+        .iter()
+        .map(|p| {
+            let o = p.owner.as_ref()?;
+            let next = workloads.len();
+            Some(*workloads.entry((p.namespace.as_str(), o)).or_insert(next))
+        })
+        .collect();
+    // Node sizes (GPU counts) of counted nodes, each with its own target index.
+    let mut class_gpus: Vec<usize> = cluster
+        .nodes
+        .iter()
+        .zip(&counted)
+        .filter(|(_, c)| **c)
+        .map(|(n, _)| n.gpus.len())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if class_gpus.is_empty() {
+        class_gpus.push(0);
+    }
+    let size_class: Vec<usize> = cluster
+        .nodes
+        .iter()
+        .map(|n| class_gpus.binary_search(&n.gpus.len()).unwrap_or(0))
+        .collect();
+    let nodes_n = cluster.nodes.len();
     let mut st = State {
         c: cluster,
         p: policy,
         shapes: shapes.clone(),
-        node_free: cap
-            .free
-            .iter()
-            .map(|f| f.iter().map(|x| u64::from(*x)).sum())
-            .collect(),
+        node_free: vec![u64::MAX; nodes_n],
         cap,
         counted: counted.clone(),
-        no_target: vec![false; cluster.nodes.len()],
+        no_target: vec![false; nodes_n],
         no_target_gpu: BTreeSet::new(),
-        received: vec![false; cluster.nodes.len()],
+        received: vec![false; nodes_n],
         moved: vec![false; cluster.pods.len()],
-        index: BTreeSet::new(),
-        frag_cache: vec![0.0; cluster.nodes.len()],
+        index: vec![BTreeSet::new(); class_gpus.len()],
+        size_class,
+        class_gpus,
+        max_free: vec![0; nodes_n],
+        whole_free: vec![0; nodes_n],
+        frag_cache: vec![0.0; nodes_n],
+        sums: Totals::default(),
         per_node,
-        per_owner: HashMap::new(),
         per_ns: history
             .per_namespace
             .iter()
             .map(|(k, v)| (k.clone(), *v))
             .collect(),
+        per_owner: vec![0; workloads.len()],
+        owner_of,
         pdb_left,
         pod_pdb,
         total: history.evicted.len() as u32,
         pending: Vec::new(),
     };
     for (n, &is_counted) in counted.iter().enumerate() {
+        st.set_free(n);
         if is_counted {
-            st.index.insert((st.node_free[n], n));
+            st.index[st.size_class[n]].insert((st.node_free[n], n));
         }
-        st.frag_cache[n] = st.node_frag(n);
+        st.refresh(n);
     }
     if policy.from_pending {
         st.pending = frag::unplaceable_pending(cluster, &st.cap, &policy.scope);
@@ -937,6 +1090,10 @@ pub fn plan(
             gain_milli: gain,
             after: st.totals(),
         });
+    }
+    // The last batch's figures, recomputed exactly (the running sums drift by rounding).
+    if let Some(last) = batches.last_mut() {
+        last.after = frag::totals(cluster, &st.cap, &policy.scope, &shapes);
     }
     let after = batches.last().map(|b| b.after).unwrap_or(before);
     let fenced_nodes = batches
