@@ -443,7 +443,7 @@ impl<'a> State<'a> {
         }
     }
 
-    fn put(&mut self, pod: usize, n: usize, devs: &[usize]) {
+    fn put(&mut self, pod: usize, n: usize, devs: &[usize], reindex: bool) {
         let p = &self.c.pods[pod];
         let milli = p.shape.map(|s| s.milli).unwrap_or(GPU_MILLI);
         for d in devs {
@@ -454,10 +454,12 @@ impl<'a> State<'a> {
         self.cap.cpu_free[n] = self.cap.cpu_free[n].saturating_sub(p.cpu);
         self.cap.mem_free[n] = self.cap.mem_free[n].saturating_sub(p.mem);
         self.cap.pods_free[n] = self.cap.pods_free[n].saturating_sub(1);
-        self.set_free(n);
+        if reindex {
+            self.set_free(n);
+        }
     }
 
-    fn unput(&mut self, pod: usize, n: usize, devs: &[usize]) {
+    fn unput(&mut self, pod: usize, n: usize, devs: &[usize], reindex: bool) {
         let p = &self.c.pods[pod];
         let milli = p.shape.map(|s| s.milli).unwrap_or(GPU_MILLI);
         for d in devs {
@@ -468,7 +470,9 @@ impl<'a> State<'a> {
         self.cap.cpu_free[n] += p.cpu;
         self.cap.mem_free[n] += p.mem;
         self.cap.pods_free[n] += 1;
-        self.set_free(n);
+        if reindex {
+            self.set_free(n);
+        }
     }
 
     /// Best target for a pod as the bin-packing scheduler picks it: the highest
@@ -607,17 +611,30 @@ impl<'a> State<'a> {
         for &pi in &u.pods {
             self.take(pi, reindex_src);
         }
+        // A drained node or group receives none of its pods: its drop is known now, and
+        // a unit that gives back nothing (and serves no pending pod) needs no search.
+        if !reindex_src
+            && before_src - self.node_frag(src) <= 1e-9
+            && !(self.p.from_pending && !pending_before && self.pending_fits(src))
+        {
+            for &pi in u.pods.iter().rev() {
+                self.untake(pi, reindex_src);
+            }
+            return None;
+        }
         let mut placed: Vec<Placement> = Vec::with_capacity(u.pods.len());
         let mut ok = true;
         let mut before_targets: Vec<(usize, f64)> = Vec::with_capacity(u.pods.len());
-        // `u.pods` is largest first (hardest to place), then in pod order.
-        for &pi in &u.pods {
+        // `u.pods` is largest first (hardest to place), then in pod order. The last pod's
+        // trial placement is searched by no later pod, so its index entry may stay.
+        let reindexed = |k: usize| k + 1 < u.pods.len();
+        for (k, &pi) in u.pods.iter().enumerate() {
             match self.target(pi, src, u) {
                 Some((n, devs)) => {
                     if !before_targets.iter().any(|(x, _)| *x == n) {
                         before_targets.push((n, self.frag_cache[n]));
                     }
-                    self.put(pi, n, &devs);
+                    self.put(pi, n, &devs, reindexed(k));
                     placed.push((pi, n, devs));
                 }
                 None => {
@@ -626,28 +643,38 @@ impl<'a> State<'a> {
                 }
             }
         }
+        // Rank: the source's drop per eviction, what the drain gives back (plus a bonus
+        // for serving an unplaceable pending pod). Receivers are left out of the rank: a
+        // receiver is never drained and keeps receiving, so a residue left on it now is
+        // often filled by a later move, and counting it made the greedy shy of the best
+        // sources (trace matrix, 6 seeds, median drop vs the best baseline with the
+        // receivers' change weighted 0 / 0.1 / 0.25 / 0.4: 0.98/0.96/0.96/0.97x on
+        // `default`, 1.13/1.11/1.10/1.08x on `gpushare80`; 0 best or equal on all five).
+        // `drop`, the exact change of the metric with receivers in full, must still be a
+        // drop (or a pending pod served) for the unit to be worth any eviction.
         let mut gain = 0.0;
+        let mut drop = 0.0;
+        let mut serves_pending = false;
         if ok {
             gain += before_src - self.node_frag(src);
+            drop += gain;
             for &(n, b) in &before_targets {
                 if n != src {
-                    gain += b - self.node_frag(n);
+                    drop += b - self.node_frag(n);
                 }
             }
-            if self.p.from_pending && !pending_before {
-                let after = self.pending_fits(src);
-                if after {
-                    gain += 10.0 * f64::from(GPU_MILLI) * 8.0;
-                }
+            if self.p.from_pending && !pending_before && self.pending_fits(src) {
+                serves_pending = true;
+                gain += 10.0 * f64::from(GPU_MILLI) * 8.0;
             }
         }
-        for (pi, n, devs) in placed.iter().rev() {
-            self.unput(*pi, *n, devs);
+        for (k, (pi, n, devs)) in placed.iter().enumerate().rev() {
+            self.unput(*pi, *n, devs, reindexed(k));
         }
         for &pi in u.pods.iter().rev() {
             self.untake(pi, reindex_src);
         }
-        (ok && gain > 1e-9).then_some((gain, placed))
+        (ok && gain > 1e-9 && (drop > 1e-9 || serves_pending)).then_some((gain, placed))
     }
 
     fn untake(&mut self, pod: usize, reindex: bool) {
@@ -713,7 +740,7 @@ impl<'a> State<'a> {
             }
         }
         for (pi, n, devs) in placed {
-            self.put(*pi, *n, devs);
+            self.put(*pi, *n, devs, true);
             self.received[*n] = true;
         }
         self.per_node[u.node] += u.pods.len() as u32;
@@ -1025,7 +1052,9 @@ pub fn plan(
             heap.push(Cand { score, id: top.id });
             continue;
         }
+        let frag_before = st.totals().fragment_milli;
         st.commit(u, &placed);
+        let after_batch = st.totals();
         let mut newly_served = Vec::new();
         if policy.from_pending {
             let node = &cluster.nodes[u.node];
@@ -1087,8 +1116,8 @@ pub fn plan(
             node: cluster.nodes[u.node].name.clone(),
             gpu: u.gpu.map(|g| cluster.nodes[u.node].gpus[g].key.clone()),
             moves: placed.len(),
-            gain_milli: gain,
-            after: st.totals(),
+            gain_milli: frag_before - after_batch.fragment_milli,
+            after: after_batch,
         });
     }
     // The last batch's figures, recomputed exactly (the running sums drift by rounding).

@@ -717,3 +717,44 @@ fn greedy_against_exhaustive_optimum_on_tiny_clusters() {
         100.0 * share
     );
 }
+
+#[test]
+fn targets_follow_most_allocated_across_node_sizes() {
+    // The 300-milli pod on c-src is drained. Two nodes can take it: a-small (1 GPU, 400
+    // free: 90% allocated after) and b-big (8 GPUs, 1000 free: 91.25% after). The
+    // bin-packing scheduler (MostAllocated on GPU) picks b-big although a-small has less
+    // free milli; the planner must expect the same node, and best fit there.
+    let mut c = Cluster {
+        nodes: vec![
+            node("a-small", 1, Granularity::Device),
+            node("b-big", 8, Granularity::Device),
+            node("c-src", 2, Granularity::Device),
+        ],
+        ..Default::default()
+    };
+    bind(&mut c, pod("t", "small", "small"), 0, &[0], 600);
+    for g in 0..6 {
+        bind(&mut c, pod("t", &format!("full{g}"), "full"), 1, &[g], 1000);
+    }
+    for g in 6..8 {
+        let mut p = pod("t", &format!("half{g}"), &format!("half{g}"));
+        p.annotations
+            .insert("gpu-defrag.io/do-not-disrupt".into(), "true".into());
+        bind(&mut c, p, 1, &[g], 500);
+    }
+    bind(&mut c, pod("t", "mover", "mover"), 2, &[0], 300);
+    let c = finish(c);
+    let pol = Policy {
+        shapes: vec![shape(1, 1000, 1.0)],
+        ..exact_policy(1)
+    };
+    let pl = plan(&c, &pol, None, &History::default());
+    assert_eq!(pl.moves.len(), 1, "{:?}", pl.moves);
+    let m = &pl.moves[0];
+    assert_eq!(m.pod, "t/mover");
+    assert_eq!(m.to_node, "b-big");
+    assert_eq!(m.to_devices, vec!["6".to_string()]);
+    let after = apply(&c, &pl);
+    let t = frag::totals(&after, &Capacity::of(&after), &pol.scope, &pl.shapes);
+    assert!((t.fragment_milli - pl.after.fragment_milli).abs() < 1e-6);
+}

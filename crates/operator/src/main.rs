@@ -16,6 +16,10 @@ mod plugin;
 mod render;
 mod status;
 
+// Reading a large cluster is mostly small allocations (see docs/benchmarks.md).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "gpu-defrag",

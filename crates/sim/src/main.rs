@@ -246,14 +246,18 @@ fn main() -> anyhow::Result<()> {
             let build_s = t0.elapsed().as_secs_f64();
             let policy = bench::bench_policy(Vec::new(), max_evictions);
             let mut times = Vec::new();
+            let mut cpu_times = Vec::new();
             let mut last = None;
             for _ in 0..reps.max(1) {
-                let t = Instant::now();
+                let t = cputime::Timer::start();
                 let p = gpu_defrag_core::plan::plan(&c, &policy, None, &Default::default());
-                times.push(t.elapsed().as_secs_f64() * 1000.0);
+                let (wall, cpu) = t.stop();
+                times.push(wall * 1000.0);
+                cpu_times.push(cpu * 1000.0);
                 last = Some(p);
             }
             times.sort_by(f64::total_cmp);
+            cpu_times.sort_by(f64::total_cmp);
             let p = last.expect("one repetition");
             let out = serde_json::json!({
                 "nodes": c.nodes.len(),
@@ -268,6 +272,7 @@ fn main() -> anyhow::Result<()> {
                 "fragmentRateExpectedAfter": p.after.fragment_rate,
                 "planMillis": times[times.len() / 2],
                 "planMillisAll": times,
+                "planCpuMillis": cpu_times[cpu_times.len() / 2],
             });
             match output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&out)?),
