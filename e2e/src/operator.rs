@@ -231,7 +231,8 @@ pub struct Operator {
 
 impl Operator {
     /// Starts the operator for the policies labelled `e2e-test=<selector>`, as
-    /// [`OPERATOR_USER`]; `extra` are more `run` flags. Output goes to
+    /// [`OPERATOR_USER`]; `extra` are more `run` flags. Metrics listen on `127.0.0.1:0` unless
+    /// `extra` has its own `--metrics-addr`. Output goes to
     /// `<logs>/gpu-defrag-<selector>.log` (appended across restarts).
     pub async fn start(cluster: &TestCluster, selector: &str, extra: &[&str]) -> Result<Self> {
         let bin = operator_binary().await?;
@@ -258,20 +259,17 @@ impl Operator {
             "gpu-defrag-e2e",
         ])
         .arg(&bin)
-        .args([
-            "run",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--policy-selector",
-            &format!("{POLICY_LABEL}={selector}"),
-        ])
-        .args(extra)
-        .env("KUBECONFIG", &kubeconfig)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::piped())
-        .stdout(out)
-        .stderr(err)
-        .process_group(0);
+        .args(["run", "--policy-selector", &format!("{POLICY_LABEL}={selector}")]);
+        if !extra.iter().any(|a| a.starts_with("--metrics-addr")) {
+            cmd.args(["--metrics-addr", "127.0.0.1:0"]);
+        }
+        cmd.args(extra)
+            .env("KUBECONFIG", &kubeconfig)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::piped())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0);
         let mut child = cmd
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
