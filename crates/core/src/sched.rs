@@ -109,6 +109,10 @@ fn pick_with(
 
 /// Whether `pod` (its shape, cpu, memory) fits `node` with the given free milli per GPU
 /// and free cpu/memory/pod slots, after placement rules.
+///
+/// A node whose GPU use is not fully known (a pod with an unknown allocation, or records
+/// that contradict each other) never fits: its free capacity cannot be trusted, and a
+/// tenant's fake record must not draw other tenants' pods onto it.
 pub fn fits(
     pod: &Pod,
     node: &Node,
@@ -117,6 +121,9 @@ pub fn fits(
     mem_free: u64,
     pods_free: u64,
 ) -> Option<Vec<usize>> {
+    if node.unknown_pods > 0 || node.inconsistent.is_some() {
+        return None;
+    }
     if !placement_allowed(pod, node) || pod.cpu > cpu_free || pod.mem > mem_free || pods_free == 0 {
         return None;
     }

@@ -14,6 +14,31 @@ use crate::ingest::Objects;
 /// Largest snapshot accepted (bytes).
 pub const MAX_SNAPSHOT_BYTES: usize = 2 * 1024 * 1024 * 1024;
 
+/// Deepest nesting of YAML flow collections (`[`, `{`) accepted. The YAML parser's time
+/// grows with the nesting depth for every token (100,000 nested `[` take tens of seconds),
+/// and the deserializer refuses documents nested deeper than 128 levels anyway, so deeper
+/// text is refused before parsing. Brackets are counted wherever they are, quoted strings
+/// included; real snapshots (block YAML, JSON annotation values) stay far below.
+pub const MAX_YAML_FLOW_DEPTH: usize = 128;
+
+/// Whether `text` nests `[`/`{` no deeper than [`MAX_YAML_FLOW_DEPTH`] (a linear scan).
+fn flow_depth_ok(text: &str) -> bool {
+    let mut depth = 0usize;
+    for b in text.bytes() {
+        match b {
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_YAML_FLOW_DEPTH {
+                    return false;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    true
+}
+
 /// A snapshot that could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -266,6 +291,11 @@ pub fn parse(text: &str) -> Result<Objects, SnapshotError> {
     }
     if text.trim_start().starts_with('{') {
         return parse_json(text);
+    }
+    if !flow_depth_ok(text) {
+        return Err(SnapshotError::NotAList(format!(
+            "YAML nested deeper than {MAX_YAML_FLOW_DEPTH} levels"
+        )));
     }
     let list: List =
         serde_norway::from_str(text).map_err(|e| SnapshotError::NotAList(short(e.to_string())))?;

@@ -631,6 +631,17 @@ pub async fn patch_status(
 ) -> Result<(), Error> {
     let body =
         json!({"apiVersion": "gpu-defrag.io/v1alpha1", "kind": "DefragPolicy", "status": status});
+    let size = body.to_string().len();
+    if size > status::MAX_STATUS_BYTES {
+        // Every list in the status is capped; this means a cap is missing.
+        warn!(
+            policy = name,
+            manager,
+            size,
+            "status patch over {} bytes",
+            status::MAX_STATUS_BYTES
+        );
+    }
     let pp = PatchParams::apply(manager).force();
     tokio::time::timeout(
         Duration::from_secs(20),

@@ -63,7 +63,7 @@ async fn write_runs(
     last: &[RunRecord],
 ) -> Result<(), Error> {
     let api: Api<DefragPolicy> = Api::all(ctx.client.clone());
-    let mut st = json!({"lastRuns": last});
+    let mut st = json!({"lastRuns": status::finished_runs(last)});
     if let Some(a) = active {
         st["activeRun"] = serde_json::to_value(a)?;
     }

@@ -1,15 +1,33 @@
 //! Pure helpers for the policy status: conditions with stable transition times, and the
-//! bounded plan summary.
-use gpu_defrag_api::v1alpha1::{Condition, FragmentationSummary, PlanSummary, PlannedMove};
+//! bounded plan summary and run records.
+//!
+//! The status must stay small whatever the cluster size (etcd refuses objects over
+//! 1.5 MiB): every list in it is capped by one of the constants below, and each cap sits
+//! next to an explicit total (`plan.totalMoves`, a run's `planned`/`evicted`), so a large
+//! plan or run is summarised, never cut silently. The sum of the caps keeps the status
+//! under [`MAX_STATUS_BYTES`] (checked by a test on a worst-case status).
+use gpu_defrag_api::v1alpha1::{
+    Condition, FragmentationSummary, PlanSummary, PlannedMove, RunRecord,
+};
 use gpu_defrag_core::frag::Report;
 use gpu_defrag_core::plan::Plan;
 
-/// Moves listed in status at most (the totals cover the rest).
+/// Size the serialized policy status stays under (etcd's limit is 1.5 MiB per object).
+pub const MAX_STATUS_BYTES: usize = 256 * 1024;
+/// Moves listed in status at most (`plan.totalMoves` counts them all).
 pub const MAX_STATUS_MOVES: usize = 50;
 /// Runs kept in `lastRuns`.
 pub const MAX_LAST_RUNS: usize = 5;
-/// Evicted pod names kept in a run record.
+/// Evicted pod names kept in the active run record (its `evicted` counts them all); the
+/// names let a restarted operator avoid repeating an eviction.
 pub const MAX_RECORDED_PODS: usize = 500;
+/// Evicted pod names kept in a finished run in `lastRuns` (its `evicted` counts them all).
+pub const MAX_FINISHED_RUN_PODS: usize = 20;
+/// Fenced nodes and per-node eviction counts kept in a finished run (the nodes with the
+/// most evictions first).
+pub const MAX_FINISHED_RUN_NODES: usize = 20;
+/// Longest condition or run message, in bytes.
+pub const MAX_MESSAGE_BYTES: usize = 1024;
 
 /// A condition to set: type, status, reason, message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,7 +80,7 @@ pub fn conditions(
                 type_: w.type_.to_string(),
                 status,
                 reason: w.reason.clone(),
-                message: truncate(&w.message, 1024),
+                message: truncate(&w.message, MAX_MESSAGE_BYTES),
                 last_transition_time: last,
                 observed_generation: generation,
             }
@@ -122,6 +140,31 @@ pub fn plan_summary(p: &Plan, now: &str) -> PlanSummary {
     }
 }
 
+/// `lastRuns` as written: the newest [`MAX_LAST_RUNS`] runs, each compacted. Only the
+/// active run is read back for limits and resumption, so a finished run keeps its counts
+/// (`planned`, `evicted`, …) in full but only the first [`MAX_FINISHED_RUN_PODS`] pod
+/// names and the [`MAX_FINISHED_RUN_NODES`] nodes with the most evictions.
+pub fn finished_runs(runs: &[RunRecord]) -> Vec<RunRecord> {
+    runs.iter()
+        .take(MAX_LAST_RUNS)
+        .map(|r| {
+            let mut r = r.clone();
+            r.evicted_pods.truncate(MAX_FINISHED_RUN_PODS);
+            r.fenced_nodes.truncate(MAX_FINISHED_RUN_NODES);
+            if r.evicted_per_node.len() > MAX_FINISHED_RUN_NODES {
+                let mut by_count: Vec<(String, i64)> = std::mem::take(&mut r.evicted_per_node)
+                    .into_iter()
+                    .collect();
+                by_count.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+                by_count.truncate(MAX_FINISHED_RUN_NODES);
+                r.evicted_per_node = by_count.into_iter().collect();
+            }
+            r.message = truncate(&r.message, MAX_MESSAGE_BYTES);
+            r
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,5 +207,172 @@ mod tests {
         let t = truncate(&s, 1001);
         assert!(t.len() <= 1004);
         assert!(t.ends_with('…'));
+    }
+}
+
+#[cfg(test)]
+mod bounds {
+    use std::collections::BTreeMap;
+
+    use gpu_defrag_api::v1alpha1::{DefragPolicyStatus, DryRunCheck, WindowTimes};
+    use gpu_defrag_core::frag::Totals;
+    use gpu_defrag_core::plan::{Batch, Move, UnitKind};
+
+    use super::*;
+
+    /// A name of exactly `len` bytes ending in `i` (so names differ).
+    fn name(prefix: &str, i: usize, len: usize) -> String {
+        let tail = format!("-{i}");
+        format!(
+            "{prefix}{}{tail}",
+            "x".repeat(len - prefix.len() - tail.len())
+        )
+    }
+
+    /// Long but realistic names: 120-byte `namespace/pod`, 80-byte nodes, 40-byte GPU UUIDs.
+    fn pod_key(i: usize) -> String {
+        format!("{}/{}", name("tenant", i % 1000, 40), name("pod", i, 79))
+    }
+
+    fn node_name(i: usize) -> String {
+        name("node", i, 80)
+    }
+
+    fn gpu(i: usize) -> String {
+        name("GPU-", i, 40)
+    }
+
+    fn huge_plan(moves: usize) -> Plan {
+        Plan {
+            before: Totals::default(),
+            after: Totals::default(),
+            moves: (0..moves)
+                .map(|i| Move {
+                    pod: pod_key(i),
+                    pod_index: i,
+                    from_node: node_name(i),
+                    from_devices: vec![gpu(2 * i), gpu(2 * i + 1)],
+                    to_node: node_name(i + 1),
+                    to_devices: vec![gpu(2 * i + 2), gpu(2 * i + 3)],
+                    batch: i / 4,
+                    reason: format!("empty node {}", node_name(i)),
+                })
+                .collect(),
+            batches: (0..moves / 4)
+                .map(|i| Batch {
+                    kind: UnitKind::Node,
+                    node: node_name(i),
+                    gpu: None,
+                    moves: 4,
+                    gain_milli: 1000.0,
+                    after: Totals::default(),
+                })
+                .collect(),
+            skipped: (0..5_000).map(|i| (name("reason", i, 60), 1)).collect(),
+            shapes: vec![],
+            fenced_nodes: (0..moves).map(node_name).collect(),
+            pending_served: (0..moves).map(pod_key).collect(),
+        }
+    }
+
+    /// A run that evicted `n` pods, each from its own node.
+    fn run(id: usize, n: usize) -> RunRecord {
+        RunRecord {
+            id: format!("run-{id}"),
+            started_at: "2026-01-01T00:00:00Z".into(),
+            finished_at: Some("2026-01-01T01:00:00Z".into()),
+            window_end: "2026-01-01T02:00:00Z".into(),
+            result: "Partial".into(),
+            message: "m".repeat(100_000),
+            fenced_nodes: (0..n).map(node_name).collect(),
+            planned: 20_000,
+            evicted: n as i64,
+            evicted_pods: (0..n).map(pod_key).collect(),
+            evicted_per_node: (0..n).map(|i| (node_name(i), 1 + (i % 7) as i64)).collect(),
+            fragment_rate_before: 0.5,
+            fragment_rate_after: Some(0.1),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_worst_case_status_stays_under_the_bound_and_counts_what_it_omits() {
+        let plan = huge_plan(20_000);
+        let mut summary = plan_summary(&plan, "2026-01-01T00:00:00Z");
+        summary.dry_run_check = Some(DryRunCheck {
+            allowed: 10,
+            blocked: 10,
+            failed: 0,
+            blocked_pods: (0..10)
+                .map(|i| truncate(&"b".repeat(1000), 200 + i))
+                .collect(),
+        });
+        // The status counts skipped pods by reason code; at most one entry per code.
+        let skipped: BTreeMap<String, i64> = plan
+            .skipped
+            .iter()
+            .take(32)
+            .map(|(k, v)| (k.clone(), *v as i64))
+            .collect();
+        let wanted: Vec<Want> = ["Ready", "InWindow", "Executing", "Degraded", "Conflict"]
+            .into_iter()
+            .map(|t| Want::new(t, false, "SomeReason", "why ".repeat(100_000)))
+            .collect();
+        // Each finished run evicted as many pods as the active run may record.
+        let runs: Vec<RunRecord> = (0..MAX_LAST_RUNS + 3)
+            .map(|i| run(i, MAX_RECORDED_PODS))
+            .collect();
+        let mut active = run(99, MAX_RECORDED_PODS);
+        active.finished_at = None;
+        active.message = truncate(&active.message, MAX_MESSAGE_BYTES);
+        let status = DefragPolicyStatus {
+            conditions: conditions(&[], &wanted, Some(1), "2026-01-01T00:00:00Z"),
+            observed_generation: Some(1),
+            fragmentation: Some(FragmentationSummary::default()),
+            plan: Some(summary),
+            next_window: Some(WindowTimes::default()),
+            active_run: Some(active),
+            last_runs: finished_runs(&runs),
+            skipped,
+        };
+        let bytes = serde_json::to_vec(&status).unwrap().len();
+        eprintln!("worst-case status: {bytes} bytes");
+        assert!(
+            bytes < MAX_STATUS_BYTES,
+            "status is {bytes} bytes, bound {MAX_STATUS_BYTES}"
+        );
+        // Summarised, not cut silently: totals beside every capped list.
+        let p = status.plan.as_ref().unwrap();
+        assert_eq!(p.total_moves, 20_000);
+        assert_eq!(p.moves.len(), MAX_STATUS_MOVES);
+        assert_eq!(p.batches, 5_000);
+        assert_eq!(status.last_runs.len(), MAX_LAST_RUNS);
+        for r in &status.last_runs {
+            assert_eq!(r.evicted, MAX_RECORDED_PODS as i64);
+            assert_eq!(r.planned, 20_000);
+            assert_eq!(r.evicted_pods.len(), MAX_FINISHED_RUN_PODS);
+            assert_eq!(r.evicted_per_node.len(), MAX_FINISHED_RUN_NODES);
+            assert!(
+                r.evicted_per_node.values().all(|v| *v == 7),
+                "busiest nodes kept"
+            );
+            assert!(r.message.len() <= MAX_MESSAGE_BYTES + 3);
+        }
+        assert_eq!(status.last_runs[0].id, "run-0", "newest first, kept");
+        assert!(
+            status
+                .conditions
+                .iter()
+                .all(|c| c.message.len() <= MAX_MESSAGE_BYTES + 3)
+        );
+    }
+
+    #[test]
+    fn small_runs_are_kept_whole() {
+        let r = run(1, 3);
+        let out = finished_runs(std::slice::from_ref(&r));
+        assert_eq!(out[0].evicted_pods, r.evicted_pods);
+        assert_eq!(out[0].evicted_per_node, r.evicted_per_node);
+        assert_eq!(out[0].fenced_nodes, r.fenced_nodes);
     }
 }

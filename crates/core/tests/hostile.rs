@@ -1,0 +1,564 @@
+//! Hostile input: every annotation parser and the snapshot loader fed random bytes, huge
+//! values, deep nesting and many entries must return a value or an error, never panic, and
+//! finish quickly (each case is one bounded call: a pathological input shows as a hang of
+//! this test binary in CI, not as a flaky timing assertion). Plus spoofed device records: a
+//! tenant's fake record must never get another tenant's pod evicted.
+//!
+//! The per-parser unit tests (`never_panics*` in `src/formats`) cover short random text;
+//! this file covers sizes and shapes those do not.
+use std::collections::BTreeMap;
+
+use gpu_defrag_core::formats::{self, MAX_RECORD_BYTES};
+use gpu_defrag_core::ingest::build_cluster;
+use gpu_defrag_core::model::*;
+use gpu_defrag_core::plan::{History, movable, plan};
+use gpu_defrag_core::policy::{Policy, TargetShape};
+use gpu_defrag_core::snapshot;
+use proptest::prelude::*;
+
+/// Feeds one text to every text parser; none may panic.
+fn all_text_parsers(s: &str) {
+    let _ = formats::parse_hami_node_register(s);
+    let _ = formats::parse_volcano_node_register(s);
+    let _ = formats::parse_hami_pod_devices(s);
+    let _ = formats::parse_koord_device_allocated(s);
+    let _ = formats::parse_index_list(formats::keys::VOLCANO_GPU_INDEX, s);
+    let _ = formats::parse_gpu_fraction(s);
+    let _ = formats::parse_mig_resource(s);
+    let _ = formats::parse_mig_profile(s);
+    let _ = formats::quantity_to_milli(s);
+    let _ = formats::quantity_to_bytes(s);
+    let _ = formats::quantity_to_count(s);
+    let ann = BTreeMap::from([
+        (formats::keys::ALIYUN_GPU_MEM_IDX.to_string(), s.to_string()),
+        (formats::keys::ALIYUN_GPU_MEM_POD.to_string(), s.to_string()),
+        (formats::keys::ALIYUN_GPU_MEM_DEV.to_string(), s.to_string()),
+    ]);
+    let _ = formats::parse_aliyun(&ann);
+    if let Ok(v) = serde_json::from_str::<serde_json::Value>(s) {
+        let _ = formats::parse_koord_device_object(&v);
+    }
+    let _ = snapshot::parse(s);
+}
+
+/// Inputs every record parser must refuse: errors, not values.
+fn refused_by_record_parsers(s: &str) {
+    assert!(formats::parse_hami_node_register(s).is_err());
+    assert!(formats::parse_volcano_node_register(s).is_err());
+    assert!(formats::parse_hami_pod_devices(s).is_err());
+    assert!(formats::parse_koord_device_allocated(s).is_err());
+    assert!(formats::parse_index_list(formats::keys::VOLCANO_GPU_INDEX, s).is_err());
+    assert!(formats::parse_gpu_fraction(s).is_err());
+}
+
+#[test]
+fn megabyte_values_are_refused_unread() {
+    for unit in ["a", "9", "[", "{", "GPU-x,NVIDIA,1,0:", "é"] {
+        let s = unit.repeat((1 << 20) / unit.len() + 1);
+        assert!(s.len() > MAX_RECORD_BYTES);
+        refused_by_record_parsers(&s);
+        all_text_parsers(&s);
+    }
+}
+
+#[test]
+fn records_just_under_the_size_limit_parse_in_linear_time() {
+    // Largest accepted values, full of entries: many containers, many devices.
+    let dev = "GPU-0000,NVIDIA,1024,10:";
+    let many = dev.repeat(MAX_RECORD_BYTES / dev.len());
+    let slots = ";".repeat(MAX_RECORD_BYTES);
+    let commas = ",".repeat(MAX_RECORD_BYTES);
+    let colons = ":".repeat(MAX_RECORD_BYTES);
+    let json_objs = format!(
+        "[{}]",
+        vec![r#"{"minor":0}"#; MAX_RECORD_BYTES / 13].join(",")
+    );
+    for s in [&many, &slots, &commas, &colons, &json_objs] {
+        assert!(s.len() <= MAX_RECORD_BYTES + 2);
+        all_text_parsers(s);
+    }
+    assert!(formats::parse_hami_pod_devices(&many).is_err());
+    assert!(formats::parse_hami_pod_devices(&slots).is_err());
+    assert!(formats::parse_koord_device_allocated(&json_objs).is_err());
+}
+
+#[test]
+fn deep_json_is_an_error_not_a_stack_overflow() {
+    for depth in [1_000, 100_000] {
+        let arr = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        let open = "[".repeat(depth);
+        let obj = format!("{}1{}", r#"{"a":"#.repeat(depth), "}".repeat(depth));
+        for s in [&arr, &open, &obj] {
+            all_text_parsers(s);
+            if s.len() <= MAX_RECORD_BYTES {
+                refused_by_record_parsers(s);
+            }
+        }
+        // Inside a snapshot: as a whole document, inside an item, inside an annotation.
+        let item = format!(r#"{{"kind":"List","items":[{{"kind":"Pod","x":{arr}}}]}}"#);
+        let front = format!(r#"{{"kind":"List","items":[{{"x":{arr},"kind":"Pod"}}]}}"#);
+        let ann = format!(
+            r#"{{"kind":"List","items":[{{"kind":"Node","metadata":{{"name":"n","annotations":{{"hami.io/node-nvidia-register":{:?}}}}}}}]}}"#,
+            arr
+        );
+        // An unknown deep field may be skipped or refused; either way the loader returns.
+        let _ = snapshot::parse(&item);
+        let _ = snapshot::parse(&front);
+        // A deep annotation is only text to the loader; the parser refuses it later.
+        if let Ok(objs) = snapshot::parse(&ann) {
+            let c = build_cluster(&objs, None);
+            assert!(c.nodes.iter().all(|n| n.inconsistent.is_some()));
+        }
+        let yaml_flow = format!("kind: List\nitems:\n- kind: Pod\n  x: {arr}\n");
+        let yaml_block = format!(
+            "kind: List\nitems:\n- kind: Pod\n  x:\n{}",
+            (0..depth.min(500))
+                .map(|i| format!("{}- \n", " ".repeat(4 + 2 * i)))
+                .collect::<String>()
+        );
+        // Refused before the YAML parser (whose time grows with the depth) sees it.
+        assert!(snapshot::parse(&yaml_flow).is_err());
+        let yaml_flat = format!(
+            "kind: List\nitems:\n- kind: Pod\n  x: {}{}{}\n",
+            "[".repeat(snapshot::MAX_YAML_FLOW_DEPTH),
+            "a,".repeat(100_000),
+            "]".repeat(snapshot::MAX_YAML_FLOW_DEPTH)
+        );
+        let _ = snapshot::parse(&yaml_flat);
+        let _ = snapshot::parse(&yaml_block);
+        // Deep Device object values (built directly) are walked only where expected.
+        let v = serde_json::json!({"kind": "Device", "metadata": {"name": "n"},
+            "spec": {"devices": [{"type": "gpu", "minor": serde_json::from_str::<serde_json::Value>(
+                &format!("{}{}", "[".repeat(100), "]".repeat(100))).unwrap()}]}});
+        assert!(formats::parse_koord_device_object(&v).is_err());
+    }
+}
+
+#[test]
+fn numbers_beyond_u64_are_range_errors() {
+    let big = "9".repeat(400);
+    let huge = format!("1{}", "0".repeat(20));
+    for n in [&big, &huge, &"18446744073709551616".to_string()] {
+        let register = format!(
+            r#"[{{"id":"GPU-a","index":0,"count":{n},"devmem":{n},"devcore":100,"type":"T","health":true}}]"#
+        );
+        assert!(formats::parse_hami_node_register(&register).is_err());
+        let legacy = format!("GPU-a,{n},{n},100,T,0,true:");
+        assert!(formats::parse_hami_node_register(&legacy).is_err());
+        assert!(
+            formats::parse_volcano_node_register(&format!("GPU-a,{n},{n},T,true,hami-core:"))
+                .is_err()
+        );
+        assert!(formats::parse_hami_pod_devices(&format!("GPU-a,NVIDIA,{n},{n}:;")).is_err());
+        let koord = format!(
+            r#"{{"gpu":[{{"minor":{n},"resources":{{"koordinator.sh/gpu-memory":"{n}Ei"}}}}]}}"#
+        );
+        assert!(formats::parse_koord_device_allocated(&koord).is_err());
+        assert!(formats::parse_index_list(formats::keys::VOLCANO_GPU_INDEX, n).is_err());
+        assert!(formats::parse_gpu_fraction(n).is_err());
+        assert!(formats::quantity_to_bytes(&format!("{n}Ei")).is_err());
+        assert!(formats::quantity_to_count(&format!("{n}E")).is_err());
+        assert!(formats::quantity_to_milli(&format!("{n}e99999")).is_err());
+        let ann = BTreeMap::from([
+            (
+                formats::keys::ALIYUN_GPU_MEM_IDX.to_string(),
+                "0".to_string(),
+            ),
+            (formats::keys::ALIYUN_GPU_MEM_POD.to_string(), n.to_string()),
+            (formats::keys::ALIYUN_GPU_MEM_DEV.to_string(), n.to_string()),
+        ]);
+        assert!(formats::parse_aliyun(&ann).is_err());
+        // serde_json reads integers beyond u64 as floats (or refuses them past f64).
+        if let Ok(minor) = serde_json::from_str::<serde_json::Value>(n) {
+            let dev = serde_json::json!({"metadata": {"name": "n"},
+                "spec": {"devices": [{"type": "gpu", "minor": minor}]}});
+            assert!(formats::parse_koord_device_object(&dev).is_err());
+        }
+        let text = format!(
+            r#"{{"metadata":{{"name":"n"}},"spec":{{"devices":[{{"type":"gpu","minor":0,"resources":{{"koordinator.sh/gpu-memory":"{n}"}}}}]}}}}"#
+        );
+        let dev: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert!(formats::parse_koord_device_object(&dev).is_err());
+        assert!(formats::parse_mig_resource(&format!("nvidia.com/mig-{n}g.{n}gb")).is_none());
+    }
+    // Exponents that would take long to expand are refused, not computed.
+    for q in [
+        "1e999999999",
+        "1e-999999999",
+        "0.000000000000000000000000000000001",
+    ] {
+        let _ = formats::quantity_to_milli(q);
+        let _ = formats::quantity_to_bytes(q);
+    }
+}
+
+#[test]
+fn many_entries_are_capped() {
+    let n = formats::MAX_DEVICES_PER_NODE + 1;
+    let json = format!(
+        "[{}]",
+        (0..n)
+            .map(|i| format!(r#"{{"id":"GPU-{i}","index":{i},"count":10,"devmem":1024,"devcore":100,"type":"T","health":true}}"#))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    assert!(formats::parse_hami_node_register(&json).is_err());
+    let legacy: String = (0..n)
+        .map(|i| format!("GPU-{i},10,1024,100,T,0,true:"))
+        .collect();
+    assert!(formats::parse_hami_node_register(&legacy).is_err());
+    let containers = "GPU-a,NVIDIA,1,0:;".repeat(formats::MAX_CONTAINERS + 1);
+    assert!(formats::parse_hami_pod_devices(&containers).is_err());
+    let koord = format!(
+        r#"{{"gpu":[{}]}}"#,
+        (0..n)
+            .map(|i| format!(r#"{{"minor":{i}}}"#))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    assert!(formats::parse_koord_device_allocated(&koord).is_err());
+    let idx = (0..n).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+    assert!(formats::parse_index_list(formats::keys::VOLCANO_GPU_INDEX, &idx).is_err());
+    let dev = serde_json::json!({"metadata": {"name": "n"}, "spec": {"devices":
+        (0..10_000).map(|i| serde_json::json!({"type": "gpu", "minor": i})).collect::<Vec<_>>()}});
+    assert!(formats::parse_koord_device_object(&dev).is_err());
+    // A snapshot with very many small items loads (it is bounded by its byte size only).
+    let items = vec![r#"{"kind":"ConfigMap"}"#; 200_000].join(",");
+    let objs = snapshot::parse(&format!(r#"{{"kind":"List","items":[{items}]}}"#)).unwrap();
+    assert!(objs.pods.is_empty());
+}
+
+fn arb_json(depth: u32) -> impl Strategy<Value = serde_json::Value> {
+    let leaf = prop_oneof![
+        Just(serde_json::Value::Null),
+        any::<bool>().prop_map(serde_json::Value::from),
+        any::<i64>().prop_map(serde_json::Value::from),
+        any::<u64>().prop_map(serde_json::Value::from),
+        any::<f64>().prop_map(|f| serde_json::json!(f)),
+        "[a-zA-Z0-9.,:;\\- ]{0,20}".prop_map(serde_json::Value::from),
+        prop_oneof![
+            Just("gpu"),
+            Just("Device"),
+            Just("minor"),
+            Just("100"),
+            Just("1Gi")
+        ]
+        .prop_map(serde_json::Value::from),
+    ];
+    leaf.prop_recursive(depth, 64, 6, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..6).prop_map(serde_json::Value::from),
+            proptest::collection::btree_map(
+                prop_oneof![
+                    Just("gpu".to_string()),
+                    Just("minor".to_string()),
+                    Just("resources".to_string()),
+                    Just("kind".to_string()),
+                    Just("metadata".to_string()),
+                    Just("name".to_string()),
+                    Just("spec".to_string()),
+                    Just("devices".to_string()),
+                    Just("type".to_string()),
+                    Just("id".to_string()),
+                    Just("devmem".to_string()),
+                    Just("items".to_string()),
+                    "[a-z]{1,8}",
+                ],
+                inner,
+                0..6
+            )
+            .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// Random snapshot-shaped JSON: a List with Node/Pod/Device items whose fields are random.
+fn arb_snapshot() -> impl Strategy<Value = String> {
+    let item = (
+        prop_oneof![
+            Just("Node"),
+            Just("Pod"),
+            Just("Device"),
+            Just("PodDisruptionBudget"),
+            Just("Other")
+        ],
+        arb_json(4),
+        arb_json(3),
+    )
+        .prop_map(|(kind, spec, meta)| {
+            serde_json::json!({"apiVersion": "v1", "kind": kind, "metadata": meta, "spec": spec, "status": spec})
+        });
+    proptest::collection::vec(item, 0..6).prop_map(|items| {
+        serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn random_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..4096)) {
+        all_text_parsers(&String::from_utf8_lossy(&b));
+    }
+
+    #[test]
+    fn random_text_never_panics(s in "\\PC{0,2000}") {
+        all_text_parsers(&s);
+    }
+
+    #[test]
+    fn random_record_shaped_text_never_panics(
+        s in "[\\[\\]{}\":,;GPU0-9a-fx. -]{0,3000}"
+    ) {
+        all_text_parsers(&s);
+    }
+
+    #[test]
+    fn random_json_never_panics(v in arb_json(6)) {
+        let s = v.to_string();
+        all_text_parsers(&s);
+        let _ = formats::parse_koord_device_object(&v);
+        let wrapped = serde_json::json!({"metadata": {"name": "n"}, "spec": {"devices": [v.clone()]}});
+        let _ = formats::parse_koord_device_object(&wrapped);
+        let alloc = serde_json::json!({"gpu": [v]});
+        let _ = formats::parse_koord_device_allocated(&alloc.to_string());
+    }
+
+    #[test]
+    fn random_snapshots_load_or_fail_cleanly_and_ingest(s in arb_snapshot()) {
+        // JSON and the same document as YAML (JSON is a YAML subset, minus the `{` fast path).
+        for text in [s.clone(), format!("# yaml\n{s}")] {
+            if let Ok(objs) = snapshot::parse(&text) {
+                let c = build_cluster(&objs, None);
+                let _ = plan(&c, &Policy::default(), None, &History::default());
+            }
+        }
+    }
+
+    #[test]
+    fn random_pod_records_in_a_cluster_never_panic(
+        rec in "[GPU\\-ab0-9,NVIDIA:;]{0,200}",
+        key in prop_oneof![
+            Just(formats::keys::HAMI_DEVICES_ALLOCATED),
+            Just(formats::keys::VOLCANO_VGPU_IDS_NEW),
+            Just(formats::keys::KOORD_DEVICE_ALLOCATED),
+            Just(formats::keys::VOLCANO_GPU_INDEX),
+            Just(formats::keys::KAI_GPU_FRACTION),
+            Just(formats::keys::ALIYUN_GPU_MEM_IDX),
+        ],
+        gpus in "[0-9a-z.]{0,8}",
+    ) {
+        let mut objs = spoof_cluster();
+        let mut p = pod_obj("tenant-x", "fuzz", "hami-a", &gpus, None);
+        p.metadata.annotations = Some(BTreeMap::from([(key.to_string(), rec)]));
+        objs.pods.push(p);
+        let c = build_cluster(&objs, None);
+        let _ = plan(&c, &Policy::default(), None, &History::default());
+    }
+}
+
+// ---- Spoofing ------------------------------------------------------------------------
+
+const REGISTER: &str = "hami.io/node-nvidia-register";
+
+fn node_obj(name: &str, gpus: &[&str]) -> k8s_openapi::api::core::v1::Node {
+    let reg: Vec<_> = gpus
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            serde_json::json!({"id": id, "index": i, "count": 10, "devmem": 81920,
+                "devcore": 100, "type": "NVIDIA-H100", "numa": 0, "mode": "hami-core", "health": true})
+        })
+        .collect();
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name},
+            "annotations": {REGISTER: serde_json::Value::from(reg).to_string()}},
+        "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110",
+            "nvidia.com/gpu": (gpus.len() * 10).to_string()},
+            "conditions": [{"type": "Ready", "status": "True"}]}
+    }))
+    .unwrap()
+}
+
+/// A Running pod of a ReplicaSet in `ns`, bound to `node`, requesting `gpus` vGPUs, with an
+/// optional HAMi record.
+fn pod_obj(
+    ns: &str,
+    name: &str,
+    node: &str,
+    gpus: &str,
+    record: Option<&str>,
+) -> k8s_openapi::api::core::v1::Pod {
+    let mut meta = serde_json::json!({"name": name, "namespace": ns, "uid": format!("{ns}-{name}"),
+        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": format!("{name}-rs"),
+            "uid": "rs", "controller": true}]});
+    if let Some(r) = record {
+        meta["annotations"] = serde_json::json!({formats::keys::HAMI_DEVICES_ALLOCATED: r});
+    }
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": meta,
+        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {
+            "limits": {"nvidia.com/gpu": gpus}, "requests": {"cpu": "1", "memory": "1Gi"}}}]},
+        "status": {"phase": "Running"}
+    }))
+    .unwrap()
+}
+
+/// Two HAMi nodes of two 80 GiB GPUs. `victim` (tenant-b) holds half of GPU-a0 and `other`
+/// (tenant-c) half of GPU-b0: merging them frees a whole GPU, so an honest cluster plans a
+/// move.
+fn spoof_cluster() -> gpu_defrag_core::ingest::Objects {
+    gpu_defrag_core::ingest::Objects {
+        nodes: vec![
+            node_obj("hami-a", &["GPU-a0", "GPU-a1"]),
+            node_obj("hami-b", &["GPU-b0", "GPU-b1"]),
+        ],
+        pods: vec![
+            pod_obj(
+                "tenant-b",
+                "victim",
+                "hami-a",
+                "1",
+                Some("GPU-a0,NVIDIA,40960,50:;"),
+            ),
+            pod_obj(
+                "tenant-c",
+                "other",
+                "hami-b",
+                "1",
+                Some("GPU-b0,NVIDIA,40960,50:;"),
+            ),
+        ],
+        ..Default::default()
+    }
+}
+
+/// A policy targeting whole-GPU pods, so two half GPUs are fragmentation.
+fn whole_gpu_policy() -> Policy {
+    Policy {
+        shapes: vec![TargetShape {
+            gpus: 1,
+            milli_per_gpu: 1000,
+            cpu: None,
+            memory: None,
+            models: vec![],
+            weight: 1.0,
+        }],
+        ..Policy::default()
+    }
+}
+
+fn gpu_of<'a>(c: &'a Cluster, key: &str) -> &'a GpuUse {
+    &c.pods.iter().find(|p| p.key() == key).unwrap().gpu
+}
+
+#[test]
+fn the_honest_cluster_plans_a_move() {
+    let c = build_cluster(&spoof_cluster(), None);
+    assert!(c.nodes.iter().all(|n| n.inconsistent.is_none()));
+    let p = plan(&c, &whole_gpu_policy(), None, &History::default());
+    assert!(
+        !p.moves.is_empty(),
+        "control case: the planner merges the two halves"
+    );
+}
+
+#[test]
+fn a_spoofed_record_never_gets_another_tenants_pod_evicted() {
+    let spoofs: [(&str, &str, &str); 5] = [
+        // Claims the whole memory of the GPU tenant-b's pod holds: over-commit.
+        ("full-memory", "1", "GPU-a0,NVIDIA,81920,100:;"),
+        // Claims two GPUs while requesting one: disagrees with its request.
+        (
+            "two-devices",
+            "1",
+            "GPU-a0,NVIDIA,81920,100:GPU-a1,NVIDIA,81920,100:;",
+        ),
+        // Claims a GPU the node does not have.
+        ("foreign-gpu", "1", "GPU-b0,NVIDIA,81920,100:;"),
+        // Claims more memory than the GPU has.
+        ("over-memory", "1", "GPU-a0,NVIDIA,999999,100:;"),
+        // Claims a GPU without requesting any.
+        ("no-request", "0", "GPU-a0,NVIDIA,40960,50:;"),
+    ];
+    let policy = whole_gpu_policy();
+    for (what, gpus, record) in spoofs {
+        let mut objs = spoof_cluster();
+        objs.pods
+            .push(pod_obj("tenant-a", "spoof", "hami-a", gpus, Some(record)));
+        let c = build_cluster(&objs, None);
+        let a = c.node_index("hami-a").unwrap();
+        let node = &c.nodes[a];
+        assert!(
+            matches!(gpu_of(&c, "tenant-a/spoof"), GpuUse::Unknown(_)),
+            "{what}: the spoofing pod is unknown, got {:?}",
+            gpu_of(&c, "tenant-a/spoof")
+        );
+        assert!(
+            node.unknown_pods > 0 || node.inconsistent.is_some(),
+            "{what}: hami-a is marked"
+        );
+        // The victim either is unknown itself or sits on an undrainable node.
+        let victim = c
+            .pods
+            .iter()
+            .find(|p| p.key() == "tenant-b/victim")
+            .unwrap();
+        assert!(
+            movable(victim, &c, &policy, None, &History::default()).is_err(),
+            "{what}: the victim must not be movable"
+        );
+        let p = plan(&c, &policy, None, &History::default());
+        for m in &p.moves {
+            assert!(
+                m.from_node != "hami-a",
+                "{what}: move {m:?} drains the spoofed node"
+            );
+            assert!(
+                m.to_node != "hami-a",
+                "{what}: move {m:?} lands on the spoofed node, whose real use is unknown"
+            );
+            assert!(!m.pod.starts_with("tenant-b/"), "{what}: {m:?}");
+        }
+        assert!(
+            p.skipped.values().sum::<u64>() >= 1,
+            "{what}: the blocked pods are reported, got {:?}",
+            p.skipped
+        );
+    }
+}
+
+#[test]
+fn a_collision_makes_both_pods_unknown() {
+    let mut objs = spoof_cluster();
+    objs.pods.push(pod_obj(
+        "tenant-a",
+        "spoof",
+        "hami-a",
+        "1",
+        Some("GPU-a0,NVIDIA,81920,100:;"),
+    ));
+    let c = build_cluster(&objs, None);
+    assert!(
+        c.nodes[c.node_index("hami-a").unwrap()]
+            .inconsistent
+            .is_some()
+    );
+    assert!(
+        c.nodes[c.node_index("hami-b").unwrap()]
+            .inconsistent
+            .is_none()
+    );
+    for key in ["tenant-a/spoof", "tenant-b/victim"] {
+        assert!(
+            matches!(
+                gpu_of(&c, key),
+                GpuUse::Unknown(UnknownReason::Overcommitted(_))
+            ),
+            "{key}: {:?}",
+            gpu_of(&c, key)
+        );
+    }
+    assert!(!matches!(gpu_of(&c, "tenant-c/other"), GpuUse::Unknown(_)));
+}
