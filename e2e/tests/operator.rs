@@ -864,3 +864,146 @@ async fn invalid_windows_become_conditions_and_nothing_is_evicted() {
     }
     c.cleanup(&[&cron, &zone]).await;
 }
+
+/// Two replicas with leader election; the leader is SIGKILLed mid-run. The standby takes
+/// the Lease once it expires, finishes the same run, repeats no eviction and keeps the
+/// limits; no fence is left and every workload is Ready again.
+#[tokio::test]
+async fn leader_killed_mid_run_the_standby_takes_over() {
+    let c = Case::new("failover", 4, 8).await;
+    let infer = fragment(&c.client, c.name(), &c.pool, &[4, 4, 4, 4])
+        .await
+        .unwrap();
+    let max_run = 7;
+    create_policy(
+        &c.client,
+        c.name(),
+        c.name(),
+        c.spec(
+            json!([{"gpus": 8}]),
+            json!({"maxEvictionsPerRun": max_run, "maxEvictionsPerNode": 8,
+                   "maxEvictionsPerNamespace": 20, "maxInFlight": 1}),
+        ),
+    )
+    .await
+    .unwrap();
+    bind_lease_role(&c.client, c.name()).await.unwrap();
+    let lease_secs: u64 = 6;
+    let lease_arg = lease_secs.to_string();
+    let start = |identity: String| {
+        let lease_arg = lease_arg.clone();
+        let ns = c.name().to_string();
+        async move {
+            Operator::start(
+                c.cluster,
+                &ns,
+                &[
+                    "--leader-elect",
+                    "--lease-namespace",
+                    &ns,
+                    "--identity",
+                    &identity,
+                    "--lease-duration",
+                    &lease_arg,
+                ],
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let ids = [format!("{}-a", c.name()), format!("{}-b", c.name())];
+    let mut replicas = [start(ids[0].clone()).await, start(ids[1].clone()).await];
+    let leases = Api::<Lease>::namespaced(c.client.clone(), c.name());
+    let holder = || async {
+        Ok(leases
+            .get_opt("gpu-defrag-leader")
+            .await?
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+            .filter(|h| !h.is_empty()))
+    };
+    let leader = wait_for("a leader", T, holder).await.unwrap();
+    let li = ids.iter().position(|i| *i == leader).unwrap();
+    let st = wait_status(&c.client, c.name(), "a dry-run plan", T, |s| {
+        int_at(s, "/plan/totalMoves").unwrap_or(0) > 0
+    })
+    .await
+    .unwrap();
+    let planned = int_at(&st, "/plan/totalMoves").unwrap();
+    let watch = PodWatch::start(&c.client, c.name(), &c.pool, c.name())
+        .await
+        .unwrap();
+    patch_policy(
+        &c.client,
+        c.name(),
+        json!({"mode": "Enforce", "windows": [open_window_this_minute()]}),
+    )
+    .await
+    .unwrap();
+    let active = wait_for("the first eviction of the run", RUN_TIMEOUT, || async {
+        let st = policy_status(&c.client, c.name()).await?;
+        Ok(st
+            .get("activeRun")
+            .filter(|a| int_at(a, "/evicted").unwrap_or(0) >= 1)
+            .cloned())
+    })
+    .await
+    .unwrap();
+    let run_id = str_at(&active, "/id").unwrap().to_string();
+    replicas[li].kill();
+    let killed_at = Instant::now();
+    let standby = ids[1 - li].clone();
+    wait_for("the standby to hold the Lease", T, || async {
+        Ok(holder().await?.filter(|h| *h == standby))
+    })
+    .await
+    .unwrap();
+    let took_over = killed_at.elapsed();
+    // The Lease expires `lease_secs` after its last renew; the standby retries on a
+    // shorter period. Allow one more retry period and scheduling noise on a busy machine.
+    assert!(
+        took_over <= Duration::from_secs(2 * lease_secs),
+        "the standby took {took_over:?} with a {lease_secs}s lease"
+    );
+    let st = wait_status(
+        &c.client,
+        c.name(),
+        "the run to be finished by the new leader",
+        RUN_TIMEOUT,
+        has_finished_run,
+    )
+    .await
+    .unwrap();
+    let finished_in = killed_at.elapsed();
+    let run = st.pointer("/lastRuns/0").unwrap().clone();
+    assert_eq!(str_at(&run, "/id"), Some(run_id.as_str()), "{st:#}");
+    assert_eq!(c.fenced_nodes().await, Vec::<String>::new(), "fences left");
+    wait_deployments_ready(&c.client, c.name(), &infer, T)
+        .await
+        .unwrap();
+    let seen = watch.seen();
+    let gone = seen.gone();
+    assert!(
+        gone.len() as i64 <= planned.min(max_run),
+        "{} pods evicted across the failover; planned {planned}, limit {max_run}: {gone:?}",
+        gone.len()
+    );
+    let recorded = int_at(&run, "/evicted").unwrap();
+    assert!(
+        recorded <= max_run && recorded >= int_at(&active, "/evicted").unwrap_or(0),
+        "{run:#}"
+    );
+    assert_eq!(seen.violations, BTreeMap::new());
+    let live = pods(&c.client, c.name(), "e2e-role=infer").await.unwrap();
+    assert_eq!(live.len(), infer.len(), "a pod was lost");
+    replicas[1 - li].ensure_running().unwrap();
+    eprintln!(
+        "E2E-FIGURE failover: leader {leader} SIGKILLed after {} eviction(s) of run {run_id}; standby {standby} held the Lease after {:.1}s (lease {lease_secs}s) and finished the run as {} {:.1}s after the kill; evictions observed {} (recorded {recorded}), planned {planned}, limit {max_run}",
+        int_at(&active, "/evicted").unwrap_or(0),
+        took_over.as_secs_f64(),
+        str_at(&run, "/result").unwrap_or("?"),
+        finished_in.as_secs_f64(),
+        gone.len(),
+    );
+    c.cleanup(&[c.name()]).await;
+}
