@@ -48,7 +48,7 @@ done
 kubectl get dfp demo
 echo
 echo "planned moves (first 8 of $(kubectl get dfp demo -o jsonpath='{.status.plan.totalMoves}')), checked server-side with dryRun=All:"
-kubectl get dfp demo -o jsonpath='{range .status.plan.moves[*]}{"  "}{.pod}{"  "}{.fromNode}{" -> "}{.toNode}{"   ("}{.reason}{")\n"}{end}' | head -8
+kubectl get dfp demo -o jsonpath='{range .status.plan.moves[*]}{"  "}{.pod}{"  "}{.fromNode}{" -> "}{.toNode}{"   ("}{.reason}{")\n"}{end}' | sed -n '1,8p'
 kubectl get dfp demo -o jsonpath='  dry-run check: allowed={.status.plan.dryRunCheck.allowed} blocked={.status.plan.dryRunCheck.blocked}{"\n"}'
 before_free=$(kubectl get dfp demo -o jsonpath='{.status.fragmentation.fullyFreeNodes}')
 before_rate=$(kubectl get dfp demo -o jsonpath='{.status.fragmentation.fragmentRate}')
