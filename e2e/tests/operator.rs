@@ -138,6 +138,31 @@ impl Case {
         pod_uids(&self.client, self.ns.name()).await.unwrap()
     }
 
+    /// A DryRun policy for 8-GPU shapes evicting one pod at a time, at most `max_run` per run.
+    async fn one_at_a_time_policy(&self, max_run: i64) {
+        let spec = self.spec(
+            json!([{"gpus": 8}]),
+            json!({"maxEvictionsPerRun": max_run, "maxEvictionsPerNode": 8,
+                   "maxEvictionsPerNamespace": 20, "maxInFlight": 1}),
+        );
+        create_policy(&self.client, self.name(), self.name(), spec)
+            .await
+            .unwrap();
+    }
+
+    /// The active run once it has recorded its first eviction.
+    async fn first_eviction(&self) -> Value {
+        wait_for("the first eviction of the run", RUN_TIMEOUT, || async {
+            let st = policy_status(&self.client, self.name()).await?;
+            Ok(st
+                .get("activeRun")
+                .filter(|a| int_at(a, "/evicted").unwrap_or(0) >= 1)
+                .cloned())
+        })
+        .await
+        .unwrap()
+    }
+
     async fn cleanup(&self, policies: &[&str]) {
         for p in policies {
             delete_policy(&self.client, p).await.unwrap();
@@ -672,18 +697,7 @@ async fn operator_killed_mid_run_resumes_or_cleans_up() {
     // 7 per run: a fresh plan empties one node (4), a second would need 8. A resumed run
     // that forgot the evictions of the killed process would empty a second node.
     let max_run = 7;
-    create_policy(
-        &c.client,
-        c.name(),
-        c.name(),
-        c.spec(
-            json!([{"gpus": 8}]),
-            json!({"maxEvictionsPerRun": max_run, "maxEvictionsPerNode": 8,
-                   "maxEvictionsPerNamespace": 20, "maxInFlight": 1}),
-        ),
-    )
-    .await
-    .unwrap();
+    c.one_at_a_time_policy(max_run).await;
     let mut op = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
     let st = wait_status(&c.client, c.name(), "a dry-run plan", T, |s| {
         int_at(s, "/plan/totalMoves").unwrap_or(0) > 0
@@ -702,15 +716,7 @@ async fn operator_killed_mid_run_resumes_or_cleans_up() {
     )
     .await
     .unwrap();
-    let active = wait_for("the first eviction of the run", RUN_TIMEOUT, || async {
-        let st = policy_status(&c.client, c.name()).await?;
-        Ok(st
-            .get("activeRun")
-            .filter(|a| int_at(a, "/evicted").unwrap_or(0) >= 1)
-            .cloned())
-    })
-    .await
-    .unwrap();
+    let active = c.first_eviction().await;
     op.kill();
     let killed_at = Instant::now();
     let st = policy_status(&c.client, c.name()).await.unwrap();
@@ -875,18 +881,7 @@ async fn leader_killed_mid_run_the_standby_takes_over() {
         .await
         .unwrap();
     let max_run = 7;
-    create_policy(
-        &c.client,
-        c.name(),
-        c.name(),
-        c.spec(
-            json!([{"gpus": 8}]),
-            json!({"maxEvictionsPerRun": max_run, "maxEvictionsPerNode": 8,
-                   "maxEvictionsPerNamespace": 20, "maxInFlight": 1}),
-        ),
-    )
-    .await
-    .unwrap();
+    c.one_at_a_time_policy(max_run).await;
     bind_lease_role(&c.client, c.name()).await.unwrap();
     let lease_secs: u64 = 6;
     let lease_arg = lease_secs.to_string();
@@ -940,15 +935,7 @@ async fn leader_killed_mid_run_the_standby_takes_over() {
     )
     .await
     .unwrap();
-    let active = wait_for("the first eviction of the run", RUN_TIMEOUT, || async {
-        let st = policy_status(&c.client, c.name()).await?;
-        Ok(st
-            .get("activeRun")
-            .filter(|a| int_at(a, "/evicted").unwrap_or(0) >= 1)
-            .cloned())
-    })
-    .await
-    .unwrap();
+    let active = c.first_eviction().await;
     let run_id = str_at(&active, "/id").unwrap().to_string();
     replicas[li].kill();
     let killed_at = Instant::now();
