@@ -433,6 +433,105 @@ pub fn unplaceable_pending(cluster: &Cluster, cap: &Capacity, scope: &Scope) -> 
     out
 }
 
+/// A pod holding GPUs that stayed idle over the lookback window ([`Activity::is_idle`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IdlePod {
+    /// `namespace/name`.
+    pub pod: String,
+    /// Node.
+    pub node: String,
+    /// Index in `Cluster::pods`.
+    #[serde(skip)]
+    pub pod_index: usize,
+    /// GPUs it holds (devices, or whole GPUs counted per node).
+    pub gpus: u32,
+    /// Milli it holds.
+    pub milli: u64,
+    /// Its highest GPU activity over the window, 0..=1.
+    pub peak: f64,
+}
+
+/// Allocated-but-idle GPUs on the nodes a policy counts (the nodes of the fragmentation
+/// report), from an [`Activity`] the caller measured.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IdleAllocated {
+    /// Idle pods.
+    pub pods: u64,
+    /// GPUs allocated only to idle pods: a shared device counts when every pod on it is
+    /// idle; whole GPUs counted per node count one per GPU the idle pod holds.
+    pub gpus: u64,
+    /// Milli held by idle pods.
+    pub milli: u64,
+    /// Bound pods holding GPUs on these nodes (MIG instances are not counted).
+    pub gpu_pods: u64,
+    /// Of those, the ones with a measurement (idle or not): the rest have no data.
+    pub measured_pods: u64,
+    /// Every idle pod, most milli first, then by key.
+    pub idle: Vec<IdlePod>,
+}
+
+/// Allocated-but-idle GPUs of the nodes `policy` counts. Pods of every namespace count
+/// (the capacity is the node's, as in the fragmentation report).
+pub fn idle_allocated(cluster: &Cluster, policy: &Policy, activity: &Activity) -> IdleAllocated {
+    let mut out = IdleAllocated::default();
+    // Per device of a node: milli held by idle pods and by the others.
+    let mut devices: HashMap<(usize, usize), (u64, u64)> = HashMap::new();
+    for (pi, p) in cluster.pods.iter().enumerate() {
+        let Some(ni) = p.node else { continue };
+        let node = &cluster.nodes[ni];
+        if !counted(node, &policy.scope) || !p.is_active_bound() || p.held_milli() == 0 {
+            continue;
+        }
+        out.gpu_pods += 1;
+        let measured = activity.of(p);
+        if measured.is_some() {
+            out.measured_pods += 1;
+        }
+        let idle = activity.is_idle(p, cluster.now);
+        let gpus = match &p.gpu {
+            GpuUse::Whole(n) => {
+                if idle {
+                    out.gpus += u64::from(*n);
+                }
+                *n
+            }
+            GpuUse::Devices(d) => {
+                for (dev, m) in d {
+                    let e = devices.entry((ni, *dev)).or_default();
+                    if idle {
+                        e.0 += u64::from(*m);
+                    } else {
+                        e.1 += u64::from(*m);
+                    }
+                }
+                d.len() as u32
+            }
+            _ => 0,
+        };
+        if idle {
+            out.pods += 1;
+            out.milli += p.held_milli();
+            out.idle.push(IdlePod {
+                pod: p.key(),
+                node: node.name.clone(),
+                pod_index: pi,
+                gpus,
+                milli: p.held_milli(),
+                peak: measured.map_or(0.0, |a| a.peak),
+            });
+        }
+    }
+    out.gpus += devices
+        .values()
+        .filter(|(idle, busy)| *idle > 0 && *busy == 0)
+        .count() as u64;
+    out.idle
+        .sort_by(|a, b| b.milli.cmp(&a.milli).then_with(|| a.pod.cmp(&b.pod)));
+    out
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -604,6 +703,188 @@ pub(crate) mod tests {
         assert_eq!(shapes.len(), 2, "{shapes:?}");
         assert_eq!((shapes[0].gpus, shapes[1].gpus), (1, 8));
         assert!((shapes[0].weight - 90.0 / 96.0).abs() < 1e-9);
+    }
+
+    fn gpu_pod(name: &str, node: usize, node_name: &str, gpu: GpuUse) -> Pod {
+        let milli = match &gpu {
+            GpuUse::Whole(_) => 1000,
+            GpuUse::Devices(d) => d.first().map_or(0, |x| x.1),
+            _ => 0,
+        };
+        Pod {
+            namespace: "ml".into(),
+            name: name.into(),
+            node: Some(node),
+            node_name: Some(node_name.into()),
+            phase: Phase::Running,
+            labels: Default::default(),
+            annotations: Default::default(),
+            gpu,
+            shape: Some(GpuShape { gpus: 1, milli }),
+            scheme: None,
+            cpu: 0,
+            mem: 0,
+            priority: 0,
+            priority_class: None,
+            owner: None,
+            created: Some(chrono::DateTime::<chrono::Utc>::UNIX_EPOCH),
+            deleting: false,
+            mirror: false,
+            local_storage: false,
+            node_selector: Default::default(),
+            affinity: vec![],
+            tolerations: vec![],
+            models: vec![],
+        }
+    }
+
+    fn activity(peaks: &[(&str, f64)]) -> Activity {
+        Activity {
+            pods: peaks
+                .iter()
+                .map(|(k, p)| (format!("ml/{k}"), PodActivity { peak: *p, gpus: 1 }))
+                .collect(),
+            threshold: 0.3,
+            lookback: std::time::Duration::from_secs(4 * 3600),
+        }
+    }
+
+    #[test]
+    fn idle_allocated_counts_devices_whole_gpus_and_milli_of_idle_pods_only() {
+        let t0 = chrono::DateTime::<chrono::Utc>::UNIX_EPOCH;
+        let mut cluster = Cluster {
+            // a: device granularity, GPU 0 shared by two pods, GPU 1 by one, GPU 2 whole.
+            // b: whole GPUs counted per node.
+            nodes: vec![node("a", &[1000, 500, 1000, 0]), node("b", &[0; 4])],
+            now: Some(t0 + chrono::Duration::hours(5)),
+            ..Default::default()
+        };
+        cluster.nodes[1].granularity = Granularity::Node;
+        cluster.pods = vec![
+            gpu_pod("share-idle", 0, "a", GpuUse::Devices(vec![(0, 500)])),
+            gpu_pod("share-busy", 0, "a", GpuUse::Devices(vec![(0, 500)])),
+            gpu_pod("half-idle", 0, "a", GpuUse::Devices(vec![(1, 500)])),
+            gpu_pod("whole-idle", 0, "a", GpuUse::Devices(vec![(2, 1000)])),
+            gpu_pod("two-idle", 1, "b", GpuUse::Whole(2)),
+            gpu_pod("one-busy", 1, "b", GpuUse::Whole(1)),
+            gpu_pod("unmeasured", 1, "b", GpuUse::Whole(1)),
+        ];
+        let a = activity(&[
+            ("share-idle", 0.05),
+            ("share-busy", 0.9),
+            ("half-idle", 0.0),
+            ("whole-idle", 0.299),
+            ("two-idle", 0.1),
+            ("one-busy", 0.3),
+        ]);
+        let r = idle_allocated(&cluster, &Policy::default(), &a);
+        let names: Vec<&str> = r.idle.iter().map(|p| p.pod.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "ml/two-idle",
+                "ml/whole-idle",
+                "ml/half-idle",
+                "ml/share-idle"
+            ]
+        );
+        // Devices: GPU 1 (half-idle) and GPU 2 (whole-idle); GPU 0 also holds a busy pod.
+        // Whole: the 2 GPUs of two-idle. The threshold is strict: 0.3 is busy.
+        assert_eq!((r.pods, r.gpus, r.milli), (4, 4, 500 + 500 + 1000 + 2000));
+        assert_eq!((r.gpu_pods, r.measured_pods), (7, 6));
+        assert_eq!(r.idle[0].gpus, 2);
+        assert_eq!(r.idle[0].peak, 0.1);
+        assert_eq!(
+            a.idle_flags(&cluster),
+            [true, false, true, true, true, false, false]
+        );
+    }
+
+    #[test]
+    fn no_data_young_pods_and_bad_numbers_are_never_idle() {
+        let t0 = chrono::DateTime::<chrono::Utc>::UNIX_EPOCH;
+        let now = t0 + chrono::Duration::hours(4);
+        let mut young = gpu_pod("young", 0, "a", GpuUse::Whole(1));
+        young.created = Some(now - chrono::Duration::minutes(239));
+        let mut ageless = gpu_pod("ageless", 0, "a", GpuUse::Whole(1));
+        ageless.created = None;
+        let mut done = gpu_pod("done", 0, "a", GpuUse::Whole(1));
+        done.phase = Phase::Succeeded;
+        let unknown = gpu_pod(
+            "unknown",
+            0,
+            "a",
+            GpuUse::Unknown(UnknownReason::MissingRecord),
+        );
+        let old = gpu_pod("old", 0, "a", GpuUse::Whole(1));
+        let nan = gpu_pod("nan", 0, "a", GpuUse::Whole(1));
+        let cpu = gpu_pod("cpu", 0, "a", GpuUse::None);
+        let mut cluster = Cluster {
+            nodes: vec![node("a", &[0; 8])],
+            now: Some(now),
+            pods: vec![young, ageless, done, unknown, old, nan, cpu],
+            ..Default::default()
+        };
+        cluster.nodes[0].granularity = Granularity::Node;
+        let mut a = activity(&[
+            ("young", 0.0),
+            ("ageless", 0.0),
+            ("done", 0.0),
+            ("unknown", 0.0),
+            ("old", 0.0),
+            ("nan", f64::NAN),
+            ("cpu", 0.0),
+        ]);
+        assert_eq!(
+            a.idle_flags(&cluster),
+            [false, false, false, false, true, false, false]
+        );
+        // Without the model's instant the measurement vouches for the age.
+        cluster.now = None;
+        assert_eq!(
+            a.idle_flags(&cluster),
+            [true, true, false, false, true, false, false]
+        );
+        // A measurement with no GPU, an infinite peak, a NaN threshold: not idle.
+        a.pods
+            .insert("ml/old".into(), PodActivity { peak: 0.0, gpus: 0 });
+        a.pods.insert(
+            "ml/young".into(),
+            PodActivity {
+                peak: f64::NEG_INFINITY,
+                gpus: 1,
+            },
+        );
+        a.threshold = f64::NAN;
+        assert_eq!(a.idle_flags(&cluster), [false; 7]);
+        // No activity at all: nothing idle, nothing measured.
+        let r = idle_allocated(&cluster, &Policy::default(), &Activity::default());
+        assert_eq!((r.pods, r.gpus, r.milli, r.measured_pods), (0, 0, 0, 0));
+        assert_eq!(r.gpu_pods, 4, "young, ageless, old, nan hold GPUs");
+    }
+
+    #[test]
+    fn idle_allocated_counts_only_the_policys_nodes() {
+        let t0 = chrono::DateTime::<chrono::Utc>::UNIX_EPOCH;
+        let mut b = node("b", &[1000]);
+        b.labels.insert("pool".into(), "other".into());
+        let cluster = Cluster {
+            nodes: vec![node("a", &[1000]), b],
+            now: Some(t0 + chrono::Duration::hours(5)),
+            pods: vec![
+                gpu_pod("on-a", 0, "a", GpuUse::Devices(vec![(0, 1000)])),
+                gpu_pod("on-b", 1, "b", GpuUse::Devices(vec![(0, 1000)])),
+            ],
+            ..Default::default()
+        };
+        let mut p = Policy::default();
+        p.scope.node_selector = Some(LabelSelector {
+            match_labels: [("pool".to_string(), "other".to_string())].into(),
+            ..Default::default()
+        });
+        let r = idle_allocated(&cluster, &p, &activity(&[("on-a", 0.0), ("on-b", 0.0)]));
+        assert_eq!((r.pods, r.gpus, r.milli), (1, 1, 1000));
+        assert_eq!(r.idle[0].node, "b");
     }
 
     fn rand_suffix() -> u64 {

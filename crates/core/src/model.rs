@@ -433,3 +433,75 @@ impl Cluster {
             .ok()
     }
 }
+
+/// How busy one pod's GPUs were over a lookback window, measured outside the core (the
+/// operator reads dcgm-exporter series through Prometheus; see docs/observability.md).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodActivity {
+    /// The highest activity of any of the pod's GPUs over the window, 0..=1
+    /// (`DCGM_FI_PROF_SM_ACTIVE`, or `DCGM_FI_DEV_GPU_UTIL` / 100 for GPUs without it).
+    pub peak: f64,
+    /// GPUs of the pod the measurement covers (series seen).
+    pub gpus: u32,
+}
+
+/// GPU activity of pods over one lookback window, supplied by the caller: the core never
+/// measures anything. A pod is *idle* when it holds GPUs, has a measurement whose `peak`
+/// is under `threshold`, and (when its creation time and the model's `now` are known) is
+/// at least `lookback` old. Pods without a measurement are never idle: no data is never
+/// read as idle.
+///
+/// The planner reads it through [`Activity::is_idle`] (one pod) or [`Activity::idle_flags`]
+/// (a `Vec<bool>` aligned with `Cluster::pods`, for hot loops): long-idle pods are cheaper
+/// to move.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Activity {
+    /// Measurements by pod key (`namespace/name`).
+    pub pods: std::collections::HashMap<String, PodActivity>,
+    /// Idle means `peak < threshold` (0..=1; the operator's default is 0.3).
+    pub threshold: f64,
+    /// Length of the window the peaks were taken over (the operator's default is 4 h).
+    pub lookback: std::time::Duration,
+}
+
+impl Activity {
+    /// The measurement of a pod, if any.
+    pub fn of(&self, pod: &Pod) -> Option<&PodActivity> {
+        if self.pods.is_empty() {
+            return None;
+        }
+        self.pods.get(&pod.key())
+    }
+
+    /// Whether `pod` has been idle for the whole lookback window, measured at `now` (the
+    /// model's instant; `None` skips the age check, the measurement vouches for it).
+    pub fn is_idle(&self, pod: &Pod, now: Option<DateTime<Utc>>) -> bool {
+        if !pod.is_active_bound() || pod.is_unknown() || pod.held_milli() == 0 {
+            return false;
+        }
+        let Some(a) = self.of(pod) else {
+            return false;
+        };
+        let below = a.peak < self.threshold;
+        if a.gpus == 0 || !a.peak.is_finite() || !below {
+            return false;
+        }
+        match (now, pod.created) {
+            (Some(now), Some(created)) => chrono::Duration::from_std(self.lookback)
+                .is_ok_and(|lookback| now.signed_duration_since(created) >= lookback),
+            (Some(_), None) => false,
+            (None, _) => true,
+        }
+    }
+
+    /// [`Activity::is_idle`] of every pod of `cluster`, aligned with `cluster.pods` (index
+    /// `i` is `cluster.pods[i]`), at `cluster.now`.
+    pub fn idle_flags(&self, cluster: &Cluster) -> Vec<bool> {
+        cluster
+            .pods
+            .iter()
+            .map(|p| self.is_idle(p, cluster.now))
+            .collect()
+    }
+}
