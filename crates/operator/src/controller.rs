@@ -309,6 +309,7 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
         // Never plan (or resume a run) on a partial view of the cluster.
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
+    crate::apiclient::report_outage(&ctx, &dp).await;
     let now = Utc::now();
     let now_s = ts(now);
     let api: Api<DefragPolicy> = Api::all(ctx.client.clone());

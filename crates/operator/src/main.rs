@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use gpu_defrag_core::{frag, ingest, policy::Policy};
 
+mod apiclient;
 mod controller;
 mod executor;
 mod http;
@@ -95,6 +96,14 @@ enum Cmd {
         /// cluster, for per-GPU heatmaps (cardinality grows with the GPU count).
         #[arg(long, env = "GPU_DEFRAG_METRICS_PER_GPU", default_value_t = false)]
         metrics_per_gpu: bool,
+        /// Client-side rate limit: average requests per second to the API server (as
+        /// client-go's QPS); 0 turns the limiter off.
+        #[arg(long, default_value_t = 50.0)]
+        kube_qps: f64,
+        /// Client-side rate limit: requests allowed at once above the average (client-go's
+        /// Burst).
+        #[arg(long, default_value_t = 100)]
+        kube_burst: u32,
     },
     /// Plan migrations for a snapshot and a policy: report before, the moves, report after.
     /// Only computes: nothing is evicted, tainted or written.
@@ -154,7 +163,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             lease_duration,
             policy_selector,
             metrics_per_gpu,
+            kube_qps,
+            kube_burst,
         } => {
+            if !(kube_qps.is_finite() && kube_qps >= 0.0) {
+                return Err(input::InputError(format!(
+                    "--kube-qps must be a number >= 0, not {kube_qps}"
+                ))
+                .into());
+            }
             tracing_subscriber::fmt()
                 .with_env_filter(
                     tracing_subscriber::EnvFilter::try_from_default_env()
@@ -169,7 +186,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .enable_all()
                 .build()?;
             rt.block_on(async move {
-                let client = client(&input::KubeArgs::default()).await?;
+                let limit = apiclient::RateLimit {
+                    qps: kube_qps,
+                    burst: kube_burst.max(1),
+                };
+                let client = run_client(&input::KubeArgs::default(), limit).await?;
                 let metrics = metrics::Metrics::with_per_gpu(metrics_per_gpu);
                 let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
                 let mut elector = None;
@@ -286,6 +307,17 @@ async fn client(kube: &input::KubeArgs) -> anyhow::Result<kube::Client> {
     let mut config = kube.config().await?;
     config.default_retry = false;
     Ok(kube::Client::try_from(config)?)
+}
+
+/// The operator's client: like [`client`], through the rate limit and request accounting
+/// of [`apiclient`].
+async fn run_client(
+    kube: &input::KubeArgs,
+    limit: apiclient::RateLimit,
+) -> anyhow::Result<kube::Client> {
+    let mut config = kube.config().await?;
+    config.default_retry = false;
+    apiclient::client(config, limit)
 }
 
 /// The cluster model (from a snapshot or the live cluster), the policy (from a file, from

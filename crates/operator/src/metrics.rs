@@ -288,6 +288,7 @@ impl Metrics {
             })
             .set(1);
         r.register("build_info", "Operator version (value 1)", build_info);
+        crate::apiclient::stats().register(r);
         inner.registry = registry;
         Self(Arc::new(inner))
     }
