@@ -391,6 +391,11 @@ pub struct DefragPolicyStatus {
     /// Pods not considered movable, counted by reason.
     #[serde(default)]
     pub skipped: BTreeMap<String, i64>,
+    /// Allocated-but-idle GPUs of the covered nodes, from dcgm-exporter series (only with
+    /// the operator's `--prometheus-url`; absent while Prometheus gives no usable answer,
+    /// see the `IdleData` condition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_allocated: Option<IdleAllocatedSummary>,
 }
 
 /// A status condition (same shape as `metav1.Condition`).
@@ -440,6 +445,49 @@ pub struct FragmentationSummary {
     pub nodes: i64,
     /// When it was measured (RFC 3339).
     pub observed_at: String,
+}
+
+/// Allocated-but-idle GPUs: pods holding GPUs whose activity (`DCGM_FI_PROF_SM_ACTIVE`, or
+/// `DCGM_FI_DEV_GPU_UTIL` / 100 where a GPU has no SM activity series) stayed under
+/// `threshold` over the whole `lookback` window.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IdleAllocatedSummary {
+    /// Idle pods.
+    pub pods: i64,
+    /// GPUs allocated only to idle pods.
+    pub gpus: i64,
+    /// Milli-GPUs held by idle pods.
+    pub milli: i64,
+    /// Bound pods holding GPUs on the covered nodes.
+    pub gpu_pods: i64,
+    /// Of those, the pods with DCGM series (the others have no data and are never idle).
+    pub measured_pods: i64,
+    /// The idle threshold (activity 0..1).
+    pub threshold: f64,
+    /// The window, e.g. `4h`.
+    pub lookback: String,
+    /// The idle pods holding the most milli (at most 20; `pods` counts them all).
+    #[serde(default)]
+    pub idle_pods: Vec<IdleAllocatedPod>,
+    /// When Prometheus was read (RFC 3339).
+    pub observed_at: String,
+}
+
+/// One allocated-but-idle pod.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IdleAllocatedPod {
+    /// `namespace/name`.
+    pub pod: String,
+    /// Node.
+    pub node: String,
+    /// GPUs it holds.
+    pub gpus: i64,
+    /// Milli-GPUs it holds.
+    pub milli: i64,
+    /// Its highest GPU activity over the window (0..1).
+    pub peak_activity: f64,
 }
 
 /// The plan, bounded for status.

@@ -31,6 +31,7 @@ use tokio::sync::Mutex;
 use tracing::{info, warn};
 
 use crate::executor;
+use crate::idle::{IdleSource, IdleState};
 use crate::lease::LeaderState;
 use crate::metrics::{Metrics, ReportNumbers};
 use crate::status::{self, Want};
@@ -99,6 +100,8 @@ pub struct Ctx {
     pub caches_ready: Arc<std::sync::atomic::AtomicBool>,
     /// Last dry-run check per policy: plan fingerprint, when, result.
     pub dry_checks: Mutex<HashMap<String, (u64, Instant, DryRunCheck)>>,
+    /// GPU activity from Prometheus (`--prometheus-url`), if configured.
+    pub idle: Option<IdleSource>,
 }
 
 impl Ctx {
@@ -369,6 +372,10 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
     let objs = ctx.objects();
     let cluster = ingest::build_cluster(&objs, Some(now));
     let report = frag::report(&cluster, &policy);
+    let idle = ctx
+        .idle
+        .as_ref()
+        .map(|src| idle_view(src, &cluster, &policy));
     let history = history_of(old.active_run.as_ref());
     let plan = plan::plan(&cluster, &policy, Some(now), &history);
     let conflict = conflicts_with(&dp, &ctx.policies.state(), &cluster);
@@ -545,6 +552,9 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
             "no older policy covers these nodes",
         ),
     });
+    if let Some(v) = &idle {
+        wanted.push(v.condition.clone());
+    }
     let conds = status::conditions(&old.conditions, &wanted, generation, &now_s);
     let mut plan_summary = status::plan_summary(&plan, &now_s);
     plan_summary.dry_run_check = check;
@@ -562,6 +572,7 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
         active_run: None,
         last_runs: Vec::new(),
         skipped,
+        idle_allocated: idle.as_ref().and_then(|v| v.summary.clone()),
     };
     let mut body = serde_json::to_value(&st)?;
     // The run records belong to the executor's field manager.
@@ -588,6 +599,12 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
         },
     );
     ctx.metrics.set_trigger(&name, policy.min_fragment_rate);
+    ctx.metrics.set_idle(
+        &name,
+        idle.as_ref()
+            .and_then(|v| v.numbers.as_ref())
+            .map(|r| (r.pods, r.gpus, r.milli)),
+    );
     ctx.metrics
         .set_plan(&name, plan.moves.len() as u64, &plan.skipped);
     ctx.metrics.set_window(&name, open.is_some());
@@ -618,6 +635,9 @@ fn status_changed(old: &DefragPolicyStatus, new: &DefragPolicyStatus) -> bool {
         }
         if let Some(p) = s.plan.as_mut() {
             p.computed_at.clear();
+        }
+        if let Some(i) = s.idle_allocated.as_mut() {
+            i.observed_at.clear();
         }
     }
     a != b
@@ -678,6 +698,8 @@ pub struct RunOptions {
     pub identity: String,
     /// Label selector of the policies this process reconciles (empty: all).
     pub policy_selector: String,
+    /// Allocated-but-idle GPUs from Prometheus (`--prometheus-url`).
+    pub idle: Option<IdleSource>,
 }
 
 /// Starts the reflectors and the controller; returns when the controller stream ends.
@@ -750,8 +772,16 @@ pub async fn run(
         },
         runs: Mutex::new(HashMap::new()),
         dry_checks: Mutex::new(HashMap::new()),
+        idle: opts.idle.clone(),
         caches_ready: Arc::new(std::sync::atomic::AtomicBool::new(false)),
     });
+    // GPU activity: refreshed in the background; a change reconciles every policy.
+    if let Some(src) = opts.idle.clone() {
+        let tx = tx.clone();
+        tokio::spawn(src.run(ctx.metrics.clone(), move || {
+            let _ = tx.try_send(());
+        }));
+    }
     // Series of deleted policies are dropped from /metrics.
     {
         let (store, metrics) = (ctx.policies.clone(), ctx.metrics.clone());
@@ -790,6 +820,75 @@ pub async fn run(
         })
         .await;
     Ok(())
+}
+
+/// What a reconcile reports about allocated-but-idle GPUs.
+pub struct IdleView {
+    /// The `IdleData` condition.
+    pub condition: Want,
+    /// `status.idleAllocated` (None: no data).
+    pub summary: Option<gpu_defrag_api::v1alpha1::IdleAllocatedSummary>,
+    /// The numbers for metrics (None: no data, the series are removed).
+    pub numbers: Option<frag::IdleAllocated>,
+}
+
+/// The idle report of a policy from the source's last answer (no I/O).
+pub fn idle_view(src: &IdleSource, cluster: &Cluster, policy: &Policy) -> IdleView {
+    let cfg = src.config();
+    match src.state() {
+        IdleState::Pending => IdleView {
+            condition: Want::new(
+                "IdleData",
+                false,
+                "NotQueriedYet",
+                "waiting for the first answer from Prometheus",
+            ),
+            summary: None,
+            numbers: None,
+        },
+        IdleState::Failed { error, at } => IdleView {
+            condition: Want::new(
+                "IdleData",
+                false,
+                error.reason(),
+                format!("no idle GPU data since {}: {error}", ts(at)),
+            ),
+            summary: None,
+            numbers: None,
+        },
+        IdleState::Ready(m) => {
+            let r = frag::idle_allocated(cluster, policy, &m.activity);
+            let s = m.stats;
+            let message = format!(
+                "{} GPU series ({} by {}, {} by {}), {} without a pod, {} skipped as invalid; \
+                 {} of {} GPU pods measured",
+                s.sm_active + s.gpu_util + s.without_pod,
+                s.sm_active,
+                crate::idle::SM_ACTIVE,
+                s.gpu_util,
+                crate::idle::GPU_UTIL,
+                s.without_pod,
+                s.invalid,
+                r.measured_pods,
+                r.gpu_pods
+            );
+            let reason = if s.sm_active + s.gpu_util + s.without_pod == 0 {
+                "NoSeries"
+            } else {
+                "Measured"
+            };
+            IdleView {
+                condition: Want::new("IdleData", true, reason, message),
+                summary: Some(status::idle_summary(
+                    &r,
+                    cfg.threshold,
+                    &cfg.lookback_text(),
+                    &ts(m.at),
+                )),
+                numbers: Some(r),
+            }
+        }
+    }
 }
 
 /// A stream of `()` from a channel receiver.

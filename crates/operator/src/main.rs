@@ -10,6 +10,7 @@ mod apiclient;
 mod controller;
 mod executor;
 mod http;
+mod idle;
 mod input;
 mod lease;
 mod metrics;
@@ -96,6 +97,8 @@ enum Cmd {
         /// cluster, for per-GPU heatmaps (cardinality grows with the GPU count).
         #[arg(long, env = "GPU_DEFRAG_METRICS_PER_GPU", default_value_t = false)]
         metrics_per_gpu: bool,
+        #[command(flatten)]
+        idle: idle::IdleArgs,
         /// Client-side rate limit: average requests per second to the API server (as
         /// client-go's QPS); 0 turns the limiter off.
         #[arg(long, default_value_t = 50.0)]
@@ -162,6 +165,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             identity,
             lease_duration,
             policy_selector,
+            idle,
             metrics_per_gpu,
             kube_qps,
             kube_burst,
@@ -172,6 +176,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 ))
                 .into());
             }
+            let idle = idle.config().map_err(input::InputError)?;
             tracing_subscriber::fmt()
                 .with_env_filter(
                     tracing_subscriber::EnvFilter::try_from_default_env()
@@ -221,6 +226,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     controller::RunOptions {
                         identity,
                         policy_selector,
+                        idle: idle.map(idle::IdleSource::new),
                     },
                 )
                 .await;

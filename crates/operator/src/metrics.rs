@@ -94,6 +94,11 @@ struct GpuLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VersionLabel {
     version: String,
 }
@@ -130,6 +135,10 @@ struct Inner {
     reconcile_errors: Family<KindLabels, Counter>,
     reconcile_duration: Histogram,
     is_leader: Gauge,
+    idle_alloc_pods: Family<PolicyLabel, Gauge>,
+    idle_alloc_gpus: Family<PolicyLabel, Gauge>,
+    idle_alloc_milli: Family<PolicyLabel, Gauge>,
+    idle_query_errors: Family<KindLabel, Counter>,
     seen: Mutex<BTreeMap<String, Seen>>,
     /// `None` unless per-GPU series are enabled.
     gpu_used: Option<Family<GpuLabels, Gauge>>,
@@ -186,6 +195,10 @@ impl Metrics {
             // 5ms .. ~10s.
             reconcile_duration: Histogram::new(exponential_buckets(0.005, 2.0, 12)),
             is_leader: Gauge::default(),
+            idle_alloc_pods: Family::default(),
+            idle_alloc_gpus: Family::default(),
+            idle_alloc_milli: Family::default(),
+            idle_query_errors: Family::default(),
             seen: Mutex::default(),
             gpu_used: per_gpu.then(Family::default),
             gpus_seen: Mutex::default(),
@@ -274,6 +287,26 @@ impl Metrics {
             "1 while this replica holds the leader lease",
             inner.is_leader.clone(),
         );
+        r.register(
+            "idle_allocated_pods",
+            "Pods holding GPUs whose activity stayed under the idle threshold over the lookback window (needs --prometheus-url)",
+            inner.idle_alloc_pods.clone(),
+        );
+        r.register(
+            "idle_allocated_gpus",
+            "GPUs allocated only to idle pods (needs --prometheus-url)",
+            inner.idle_alloc_gpus.clone(),
+        );
+        r.register(
+            "idle_allocated_milli",
+            "Milli-GPUs held by idle pods (needs --prometheus-url)",
+            inner.idle_alloc_milli.clone(),
+        );
+        r.register(
+            "idle_query_errors",
+            "Failed Prometheus queries for GPU activity, by kind",
+            inner.idle_query_errors.clone(),
+        );
         if let Some(f) = &inner.gpu_used {
             r.register(
                 "gpu_used_milli",
@@ -319,6 +352,35 @@ impl Metrics {
                 result: result.to_string(),
             }));
         }
+    }
+
+    /// Exports a policy's allocated-but-idle `(pods, gpus, milli)`; `None` (no data)
+    /// removes the series: no data is not zero.
+    pub fn set_idle(&self, policy_name: &str, idle: Option<(u64, u64, u64)>) {
+        let m = &self.0;
+        let l = policy(policy_name);
+        match idle {
+            Some((pods, gpus, milli)) => {
+                m.idle_alloc_pods.get_or_create(&l).set(to_i64(pods));
+                m.idle_alloc_gpus.get_or_create(&l).set(to_i64(gpus));
+                m.idle_alloc_milli.get_or_create(&l).set(to_i64(milli));
+            }
+            None => {
+                m.idle_alloc_pods.remove(&l);
+                m.idle_alloc_gpus.remove(&l);
+                m.idle_alloc_milli.remove(&l);
+            }
+        }
+    }
+
+    /// Counts a failed GPU activity query; `kind` is [`crate::idle::QueryError::kind`].
+    pub fn idle_query_error(&self, kind: &str) {
+        self.0
+            .idle_query_errors
+            .get_or_create(&KindLabel {
+                kind: kind.to_string(),
+            })
+            .inc();
     }
 
     /// Exports the policy's trigger (`spec.trigger.minFragmentRate`).
@@ -466,6 +528,9 @@ impl Metrics {
             &m.pending_unplaceable,
             &m.plan_moves,
             &m.window_open,
+            &m.idle_alloc_pods,
+            &m.idle_alloc_gpus,
+            &m.idle_alloc_milli,
         ] {
             f.clear();
         }
@@ -492,6 +557,9 @@ impl Metrics {
             &m.pending_unplaceable,
             &m.plan_moves,
             &m.window_open,
+            &m.idle_alloc_pods,
+            &m.idle_alloc_gpus,
+            &m.idle_alloc_milli,
         ] {
             f.remove(&l);
         }
@@ -860,6 +928,8 @@ mod monitoring {
             },
         );
         m.set_trigger("p", 0.2);
+        m.set_idle("p", Some((1, 2, 2000)));
+        m.idle_query_error("timeout");
         m.set_plan("p", 3, &BTreeMap::from([("pdb".to_string(), 1)]));
         m.set_window("p", true);
         m.set_gpu_use([("node-a", 0, 1000)]);

@@ -7,9 +7,10 @@
 //! plan or run is summarised, never cut silently. The sum of the caps keeps the status
 //! under [`MAX_STATUS_BYTES`] (checked by a test on a worst-case status).
 use gpu_defrag_api::v1alpha1::{
-    Condition, FragmentationSummary, PlanSummary, PlannedMove, RunRecord,
+    Condition, FragmentationSummary, IdleAllocatedPod, IdleAllocatedSummary, PlanSummary,
+    PlannedMove, RunRecord,
 };
-use gpu_defrag_core::frag::Report;
+use gpu_defrag_core::frag::{IdleAllocated, Report};
 use gpu_defrag_core::plan::Plan;
 
 /// Size the serialized policy status stays under (etcd's limit is 1.5 MiB per object).
@@ -26,6 +27,9 @@ pub const MAX_FINISHED_RUN_PODS: usize = 20;
 /// Fenced nodes and per-node eviction counts kept in a finished run (the nodes with the
 /// most evictions first).
 pub const MAX_FINISHED_RUN_NODES: usize = 20;
+/// Idle pods listed in `idleAllocated.idlePods` at most (`idleAllocated.pods` counts them
+/// all).
+pub const MAX_STATUS_IDLE_PODS: usize = 20;
 /// Longest condition or run message, in bytes.
 pub const MAX_MESSAGE_BYTES: usize = 1024;
 
@@ -111,6 +115,38 @@ pub fn summary(r: &Report, now: &str) -> FragmentationSummary {
         pending_unplaceable: r.pending_unplaceable as i64,
         nodes: r.nodes_counted as i64,
         observed_at: now.to_string(),
+    }
+}
+
+/// The bounded allocated-but-idle summary for status: the [`MAX_STATUS_IDLE_PODS`] idle
+/// pods holding the most milli, with exact totals.
+pub fn idle_summary(
+    r: &IdleAllocated,
+    threshold: f64,
+    lookback: &str,
+    observed_at: &str,
+) -> IdleAllocatedSummary {
+    IdleAllocatedSummary {
+        pods: r.pods as i64,
+        gpus: r.gpus as i64,
+        milli: r.milli as i64,
+        gpu_pods: r.gpu_pods as i64,
+        measured_pods: r.measured_pods as i64,
+        threshold,
+        lookback: lookback.to_string(),
+        idle_pods: r
+            .idle
+            .iter()
+            .take(MAX_STATUS_IDLE_PODS)
+            .map(|p| IdleAllocatedPod {
+                pod: p.pod.clone(),
+                node: p.node.clone(),
+                gpus: i64::from(p.gpus),
+                milli: p.milli as i64,
+                peak_activity: (p.peak * 10_000.0).round() / 10_000.0,
+            })
+            .collect(),
+        observed_at: observed_at.to_string(),
     }
 }
 
@@ -334,6 +370,28 @@ mod bounds {
             active_run: Some(active),
             last_runs: finished_runs(&runs),
             skipped,
+            idle_allocated: Some(idle_summary(
+                &IdleAllocated {
+                    pods: 20_000,
+                    gpus: 20_000,
+                    milli: 20_000_000,
+                    gpu_pods: 40_000,
+                    measured_pods: 40_000,
+                    idle: (0..20_000)
+                        .map(|i| gpu_defrag_core::frag::IdlePod {
+                            pod: pod_key(i),
+                            node: node_name(i),
+                            pod_index: i,
+                            gpus: 8,
+                            milli: 8000,
+                            peak: 0.1234567,
+                        })
+                        .collect(),
+                },
+                0.3,
+                "4h",
+                "2026-01-01T00:00:00Z",
+            )),
         };
         let bytes = serde_json::to_vec(&status).unwrap().len();
         eprintln!("worst-case status: {bytes} bytes");
@@ -359,6 +417,12 @@ mod bounds {
             assert!(r.message.len() <= MAX_MESSAGE_BYTES + 3);
         }
         assert_eq!(status.last_runs[0].id, "run-0", "newest first, kept");
+        let idle = status.idle_allocated.as_ref().unwrap();
+        assert_eq!(
+            (idle.pods, idle.idle_pods.len()),
+            (20_000, MAX_STATUS_IDLE_PODS)
+        );
+        assert_eq!(idle.idle_pods[0].peak_activity, 0.1235);
         assert!(
             status
                 .conditions
