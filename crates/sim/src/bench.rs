@@ -21,6 +21,10 @@
 //!   target shapes) that has a pod whose removal lowers F_n, and evicts the pod whose
 //!   removal lowers it most; up to the budget. No fences.
 //!
+//! `gpu-defrag-8gpu` is gpu-defrag with an 8-GPU shape of weight
+//! [`WHOLE_NODE_SHAPE_WEIGHT`] added to its policy's target shapes (what a user who
+//! wants whole nodes for training jobs writes); it is measured with the same metric.
+//!
 //! The **bound** is an upper limit on what any eviction set of the budget could reach;
 //! see [`Bound`].
 use std::time::Instant;
@@ -33,12 +37,21 @@ use gpu_defrag_core::sched;
 use serde::Serialize;
 
 /// Planners in report order.
-pub const PLANNERS: [&str; 4] = [
+pub const PLANNERS: [&str; 5] = [
     "none",
     "high-node-utilization",
     "fgd-descheduler",
     "gpu-defrag",
+    "gpu-defrag-8gpu",
 ];
+
+/// Indices of the baselines in [`PLANNERS`].
+pub const BASELINES: std::ops::Range<usize> = 1..3;
+/// Index of gpu-defrag (the derived target shapes) and of gpu-defrag with an 8-GPU shape
+/// of weight [`WHOLE_NODE_SHAPE_WEIGHT`] added to its policy (the metric is the same).
+pub const GPU_DEFRAG: usize = 3;
+/// See [`GPU_DEFRAG`].
+pub const GPU_DEFRAG_8GPU: usize = 4;
 
 /// One planner's choice.
 #[derive(Debug, Clone, Default)]
@@ -110,13 +123,19 @@ pub struct Result {
 ///   while their GPUs fit in G − ⌈U/1000⌉; (b) budget: a node becomes free only when
 ///   all its pods are evicted, so take the nodes with the fewest pods first while their
 ///   pod counts fit in the budget. min(a, before + b).
-/// - Fragment rate: a placement of a pod of q milli lowers any node's F_n(M) by at most
-///   q, and draining pods from node n lowers F_n by at most F_n. So evicting set S
-///   lowers F by at most Σ_{n touched} F_n + Σ_{p∈S} q_p. The largest value over sets
-///   of at most B pods is the sum of the B largest marginals (F_n + q of a node's
-///   largest pod, then q of its next ones). Lower limit of the rate:
-///   max(0, F − that) / idle (idle unchanged when every evicted pod is re-placed).
-///   This one is loose: it is a limit, not an achievable plan.
+/// - Fragment rate. With single-GPU target shapes (no cpu, memory or model terms) the
+///   metric is a sum over GPUs of f(R) = Σ_m w_m·R·[R < q_m], R the GPU's free milli.
+///   A pod of s milli placed on a GPU lowers f there by at most s·W(s), W(s) = Σ_m w_m
+///   [q_m > s] (f(R) − f(R−s) ≤ s·W(R) ≤ s·W(s), as W falls with R). So evicting a set
+///   T of pods from a GPU lowers F by at most f(R) − f(R + s_T) + Σ_T s·W(s), wherever
+///   they land. Per GPU, every subset T is an option of cost |T| (a pod on k GPUs costs
+///   1/k on each); the most any budget B reaches is at most the LP relaxation of this
+///   multiple-choice knapsack: the greedy over the increments of each GPU's upper
+///   concave hull. Other shapes (k GPUs, cpu, memory, models) add the per-node limit:
+///   draining a node lowers their term by at most their F_n, a placement by at most
+///   w·q (the B largest marginals). Lower limit of the rate: max(0, F − both) / idle
+///   (idle unchanged when every evicted pod is re-placed). A limit, not a plan: it
+///   ignores whether the evicted pods fit where they would have to go.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Bound {
@@ -559,30 +578,7 @@ pub fn bound(c: &Cluster, shapes: &[TargetShape], budget: usize) -> Bound {
     let nodes_max = nodes_packing.min(t.fully_free_nodes + nodes_budget(false));
     let free8_max = free8_packing.min(free8_before + nodes_budget(true));
 
-    // Fragment: marginals per node, descending.
-    let mut marg: Vec<f64> = Vec::new();
-    let mut per_node: Vec<Vec<u64>> = vec![Vec::new(); c.nodes.len()];
-    for p in c.pods.iter().filter(|p| gpu_pod(p)) {
-        per_node[p.node.expect("bound")].push(p.held_milli());
-    }
-    for (n, qs) in per_node.iter_mut().enumerate() {
-        if !counted[n] || qs.is_empty() {
-            continue;
-        }
-        qs.sort_unstable_by(|a, b| b.cmp(a));
-        let fnode = frag::node_fragment(
-            &c.nodes[n],
-            &cap.free[n],
-            cap.cpu_free[n],
-            cap.mem_free[n],
-            shapes,
-        );
-        for (i, q) in qs.iter().enumerate() {
-            marg.push(*q as f64 + if i == 0 { fnode } else { 0.0 });
-        }
-    }
-    marg.sort_by(|a, b| b.total_cmp(a));
-    let drop_max: f64 = marg.iter().take(budget).sum();
+    let drop_max = fragment_drop_max(c, &cap, &counted, shapes, budget);
     let rate_min = if t.idle_milli == 0 {
         0.0
     } else {
@@ -597,6 +593,167 @@ pub fn bound(c: &Cluster, shapes: &[TargetShape], budget: usize) -> Bound {
         fully_free8_gpu_nodes_after_max: free8_max,
         fully_free8_gpu_nodes_packing: free8_packing,
     }
+}
+
+/// The largest fragment drop (milli) any eviction set of `budget` pods could give: see
+/// [`Bound`]. Single-GPU shapes without cpu, memory or model terms are separable per
+/// GPU and get the exact per-GPU relaxation; every other shape gets the per-node one.
+fn fragment_drop_max(
+    c: &Cluster,
+    cap: &Capacity,
+    counted: &[bool],
+    shapes: &[TargetShape],
+    budget: usize,
+) -> f64 {
+    let separable = |m: &TargetShape| {
+        m.gpus == 1 && m.cpu.is_none() && m.memory.is_none() && m.models.is_empty()
+    };
+    let (single, other): (Vec<TargetShape>, Vec<TargetShape>) =
+        shapes.iter().cloned().partition(separable);
+    // f(R) = Σ w·R·[R < q] over the single shapes; W(s) = Σ w·[q > s].
+    let f = |r: Milli| -> f64 {
+        single
+            .iter()
+            .filter(|m| r < m.milli_per_gpu)
+            .map(|m| m.weight * f64::from(r))
+            .sum()
+    };
+    let w_above = |s: Milli| -> f64 {
+        single
+            .iter()
+            .filter(|m| m.milli_per_gpu > s)
+            .map(|m| m.weight)
+            .sum()
+    };
+    let w_other: f64 = other.iter().map(|m| m.weight).sum();
+
+    // Per GPU: (milli on it, cost share, receiver credit) of each shared pod.
+    let mut on_gpu: Vec<Vec<Vec<(Milli, f64, f64)>>> = c
+        .nodes
+        .iter()
+        .map(|n| vec![Vec::new(); n.gpus.len()])
+        .collect();
+    let mut per_node: Vec<Vec<u64>> = vec![Vec::new(); c.nodes.len()];
+    for p in c.pods.iter().filter(|p| gpu_pod(p)) {
+        let n = p.node.expect("bound");
+        if !counted[n] {
+            continue;
+        }
+        per_node[n].push(p.held_milli());
+        if let GpuUse::Devices(d) = &p.gpu {
+            let share = 1.0 / d.len().max(1) as f64;
+            for &(g, m) in d {
+                if let Some(list) = on_gpu[n].get_mut(g) {
+                    list.push((m, share, f64::from(m) * w_above(m)));
+                }
+            }
+        }
+    }
+    // Each GPU's options (evictions, gain), reduced to the increments of their upper
+    // concave hull: the LP relaxation of "one option per GPU" is the greedy over them.
+    let mut steps: Vec<(f64, f64)> = Vec::new(); // (gain, cost)
+    for (n, gpus) in on_gpu.iter().enumerate() {
+        for (g, pods) in gpus.iter().enumerate() {
+            if pods.is_empty() {
+                continue;
+            }
+            let r = cap.free[n][g];
+            let mut opts: Vec<(f64, f64)> = vec![(0.0, 0.0)];
+            if pods.len() <= 12 {
+                for mask in 1u32..(1 << pods.len()) {
+                    let (mut s, mut cost, mut credit) = (0u32, 0.0, 0.0);
+                    for (i, (m, sh, cr)) in pods.iter().enumerate() {
+                        if mask & (1 << i) != 0 {
+                            s += m;
+                            cost += sh;
+                            credit += cr;
+                        }
+                    }
+                    let after = (r + s).min(GPU_MILLI);
+                    opts.push((cost, f(r) - f(after) + credit));
+                }
+            } else {
+                // Many pods: f(R) plus the best credits bounds every subset of a size.
+                let mut cr: Vec<(f64, f64)> = pods.iter().map(|p| (p.2, p.1)).collect();
+                cr.sort_by(|a, b| b.0.total_cmp(&a.0));
+                let (mut cost, mut credit) = (0.0, f(r));
+                for (x, sh) in cr {
+                    cost += sh;
+                    credit += x;
+                    opts.push((cost, credit));
+                }
+            }
+            steps.extend(hull_steps(opts));
+        }
+    }
+    let mut drop = fill(&mut steps, budget as f64);
+
+    // Other shapes: draining a node lowers its term by at most its F_n, each placement
+    // lowers a receiver's by at most w·q.
+    if !other.is_empty() {
+        let mut marg: Vec<f64> = Vec::new();
+        for (n, qs) in per_node.iter_mut().enumerate() {
+            if qs.is_empty() {
+                continue;
+            }
+            qs.sort_unstable_by(|a, b| b.cmp(a));
+            let fnode = frag::node_fragment(
+                &c.nodes[n],
+                &cap.free[n],
+                cap.cpu_free[n],
+                cap.mem_free[n],
+                &other,
+            );
+            for (i, q) in qs.iter().enumerate() {
+                marg.push(w_other * *q as f64 + if i == 0 { fnode } else { 0.0 });
+            }
+        }
+        marg.sort_by(|a, b| b.total_cmp(a));
+        drop += marg.iter().take(budget).sum::<f64>();
+    }
+    drop
+}
+
+/// The increments (gain, cost) of the upper concave hull of options (cost, gain) that
+/// include (0, 0): ratios fall from one increment to the next.
+fn hull_steps(mut opts: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
+    opts.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.total_cmp(&a.1)));
+    let mut hull: Vec<(f64, f64)> = Vec::new();
+    for p in opts {
+        if hull.last().is_some_and(|l| p.1 <= l.1) {
+            continue; // costs more and gains no more
+        }
+        while hull.len() >= 2 {
+            let (a, b) = (hull[hull.len() - 2], hull[hull.len() - 1]);
+            // b is under the chord a→p: drop it.
+            if (b.1 - a.1) * (p.0 - a.0) <= (p.1 - a.1) * (b.0 - a.0) {
+                hull.pop();
+            } else {
+                break;
+            }
+        }
+        hull.push(p);
+    }
+    hull.windows(2)
+        .map(|w| (w[1].1 - w[0].1, w[1].0 - w[0].0))
+        .filter(|(g, c)| *g > 0.0 && *c > 0.0)
+        .collect()
+}
+
+/// Fractional knapsack: the most gain for `budget` cost, best ratio first.
+fn fill(steps: &mut [(f64, f64)], budget: f64) -> f64 {
+    steps.sort_by(|a, b| (b.0 / b.1).total_cmp(&(a.0 / a.1)));
+    let mut left = budget;
+    let mut gain = 0.0;
+    for &(g, c) in steps.iter() {
+        if left <= 0.0 {
+            break;
+        }
+        let take = (left / c).min(1.0);
+        gain += g * take;
+        left -= c * take;
+    }
+    gain
 }
 
 /// The eviction budget: `fraction` of bound GPU pods, at least one.
@@ -619,6 +776,9 @@ pub fn run(
         "high-node-utilization" => choose_high_node_utilization(c, budget, hnu_threshold),
         "fgd-descheduler" => choose_fgd(c, budget, &policy.shapes),
         "gpu-defrag" => choose_gpu_defrag(c, policy),
+        "gpu-defrag-8gpu" => {
+            choose_gpu_defrag(c, &with_whole_node_shape(policy, WHOLE_NODE_SHAPE_WEIGHT))
+        }
         other => anyhow::bail!("unknown planner {other:?} (one of {})", PLANNERS.join(", ")),
     };
     let plan_millis = t0.elapsed().as_secs_f64() * 1000.0;
@@ -733,5 +893,52 @@ mod tests {
         };
         let pending: u64 = a.pods.iter().filter(|p| p.node.is_none()).map(demand).sum();
         assert_eq!(milli(&a) + pending, milli(&c));
+    }
+}
+
+/// Weight of the 8-GPU shape in the `gpu-defrag-8gpu` row's policy.
+pub const WHOLE_NODE_SHAPE_WEIGHT: f64 = 0.1;
+
+/// The policy with an 8-GPU whole-GPU target shape of weight `w` added (the others
+/// scaled to 1 − w): what a user who wants whole 8-GPU nodes for training jobs writes.
+pub fn with_whole_node_shape(policy: &Policy, w: f64) -> Policy {
+    let mut p = policy.clone();
+    for s in &mut p.shapes {
+        s.weight *= 1.0 - w;
+    }
+    p.shapes.push(TargetShape {
+        gpus: 8,
+        milli_per_gpu: GPU_MILLI,
+        cpu: None,
+        memory: None,
+        models: Vec::new(),
+        weight: w,
+    });
+    p
+}
+
+#[cfg(test)]
+mod bound_tests {
+    use super::{fill, hull_steps};
+
+    #[test]
+    fn hull_keeps_the_upper_concave_envelope() {
+        // (cost, gain): (1, 1) lies under the chord (0, 0)→(2, 5); (3, 4) gains less.
+        let steps = hull_steps(vec![
+            (0.0, 0.0),
+            (1.0, 1.0),
+            (2.0, 5.0),
+            (3.0, 4.0),
+            (4.0, 6.0),
+        ]);
+        assert_eq!(steps, vec![(5.0, 2.0), (1.0, 2.0)]);
+    }
+
+    #[test]
+    fn knapsack_takes_best_ratio_first_and_a_fraction_of_the_last() {
+        let mut steps = vec![(1.0, 1.0), (6.0, 2.0), (4.0, 4.0)];
+        // 6/2 first (cost 2), then 1/1 (cost 1), then half of 4/4.
+        assert_eq!(fill(&mut steps, 5.0), 6.0 + 1.0 + 2.0);
+        assert_eq!(fill(&mut steps, 0.0), 0.0);
     }
 }
