@@ -855,6 +855,75 @@ mod tests {
         }
     }
 
+    /// The fragment bound holds for every eviction set of one and two pods, re-placed by
+    /// the bin-packing emulation with and without fences on their GPUs.
+    #[test]
+    fn no_eviction_set_beats_the_fragment_bound() {
+        for seed in 0..4 {
+            let (c, policy, _) = setup(seed);
+            // The derived shapes (multi-GPU ones included: the per-node part) and single-GPU
+            // shapes alone (the per-GPU part, much tighter).
+            let single = [(1000, 0.5), (500, 0.3), (250, 0.2)]
+                .map(|(m, w)| TargetShape {
+                    gpus: 1,
+                    milli_per_gpu: m,
+                    cpu: None,
+                    memory: None,
+                    models: Vec::new(),
+                    weight: w,
+                })
+                .to_vec();
+            for shapes in [&policy.shapes, &single] {
+                let scope = Default::default();
+                let before = frag::totals(&c, &Capacity::of(&c), &scope, shapes);
+                let pods: Vec<usize> = (0..c.pods.len()).filter(|&i| gpu_pod(&c.pods[i])).collect();
+                let mut sets: Vec<Vec<usize>> = pods.iter().map(|&p| vec![p]).collect();
+                for (i, &a) in pods.iter().enumerate() {
+                    for &b in &pods[i + 1..] {
+                        sets.push(vec![a, b]);
+                    }
+                }
+                let mut best = [0.0f64; 3];
+                for set in sets {
+                    let b = set.len();
+                    for fence in [false, true] {
+                        let mut ch = Choice {
+                            evicted: set.clone(),
+                            ..Default::default()
+                        };
+                        if fence {
+                            for &pi in &set {
+                                if let GpuUse::Devices(d) = &c.pods[pi].gpu {
+                                    let n = c.pods[pi].node.unwrap();
+                                    ch.fenced_gpus.extend(d.iter().map(|(g, _)| (n, *g)));
+                                }
+                            }
+                        }
+                        let (after, pending, _) = replace(&c, &ch);
+                        if pending > 0 {
+                            continue;
+                        }
+                        let t = frag::totals(&after, &Capacity::of(&after), &scope, shapes);
+                        best[b] = best[b].max(before.fragment_milli - t.fragment_milli);
+                    }
+                }
+                for b in [1, 2] {
+                    let max = before.fragment_milli
+                        - bound(&c, shapes, b).fragment_rate_after_min * before.idle_milli as f64;
+                    eprintln!(
+                        "seed {seed} b {b} best {} max {max} F {}",
+                        best[b], before.fragment_milli
+                    );
+                    assert!(
+                        best[b] <= max + 1e-6,
+                        "seed {seed}, {b} evictions: {} > bound {max}",
+                        best[b]
+                    );
+                }
+            }
+        }
+    }
+
     fn policy_with_budget(p: &Policy, b: usize) -> Policy {
         bench_policy(p.shapes.clone(), b as u32)
     }
