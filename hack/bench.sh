@@ -156,12 +156,12 @@ EOF
 ## Findings
 
 Read with the figures above (they are regenerated; this section is not).
-- **Fragment drop**: gpu-defrag's median fragment-rate drop is 1.03–1.12x the best
+- **Fragment drop**: gpu-defrag's median fragment-rate drop is 1.01–1.12x the best
   baseline's (\`fgd-descheduler\`) on the five workloads, not the 1.5x the project set
   itself. The bound shows why: on \`default\` no eviction set of the budget can reach
-  1.5x the baseline's drop (the bound's own drop is below that), and on the others 1.5x
-  would need 85–95% of the bound, which ignores whether pods fit. gpu-defrag reaches
-  60–73% of it. Most of its batches drain single GPUs (one or two shares each) and small
+  1.5x the baseline's drop (the bound's own drop is below that; on \`gpushare40\` too),
+  and on the others 1.5x would need 80–96% of the bound, which ignores whether pods fit.
+  gpu-defrag reaches 59–72% of it. Most of its batches drain single GPUs (one or two shares each) and small
   nodes: with single-GPU target shapes those give the most fragment milli per eviction.
   Units are ranked by the source's drop per eviction, plus a small bonus for emptying a
   whole node; ranking with the receivers' change as well (weights 0.1–1) measured lower
@@ -174,8 +174,9 @@ Read with the figures above (they are regenerated; this section is not).
   requested nodes whole, at the cost of the smallest drop. With the derived shapes alone
   gpu-defrag frees as many only on \`gpushare80\`. Told that whole nodes matter (an
   8-GPU shape of weight 0.1 in its policy, row \`gpu-defrag-8gpu\`), it frees more 8-GPU
-  nodes than every baseline on every workload, and on four of the five still lowers the
-  fragment rate more than \`high-node-utilization\` does. Freeing whole nodes and
+  nodes than every baseline on every workload, and on three of the five still lowers the
+  fragment rate more than \`high-node-utilization\` does (about as much on
+  \`gpushare40\`, less on \`gpushare80\`). Freeing whole nodes and
   lowering the metric for single-GPU shapes pull against each other at a fixed budget;
   the policy's target shapes choose the balance.
 - **Forecast vs measurement**: the planner picks targets as the emulated scheduler does
