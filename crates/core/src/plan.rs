@@ -930,6 +930,30 @@ pub fn plan(
     now: Option<DateTime<Utc>>,
     history: &History,
 ) -> Plan {
+    plan_with_activity(cluster, policy, now, history, &Activity::default())
+}
+
+/// What one eviction of a long-idle pod ([`Activity::is_idle`]) costs in the rank, in
+/// evictions: its GPUs did no work over the lookback window, so moving it disturbs
+/// little. Limits and budgets still count it as one eviction.
+pub const IDLE_POD_COST: f64 = 0.5;
+
+/// [`plan`], with the GPU activity of pods: units of long-idle pods rank as cheaper
+/// (each such pod costs [`IDLE_POD_COST`] of an eviction in the drop per eviction).
+pub fn plan_with_activity(
+    cluster: &Cluster,
+    policy: &Policy,
+    now: Option<DateTime<Utc>>,
+    history: &History,
+    activity: &Activity,
+) -> Plan {
+    let idle = activity.idle_flags(cluster);
+    let cost = |u: &Unit| -> f64 {
+        u.pods
+            .iter()
+            .map(|&pi| if idle[pi] { IDLE_POD_COST } else { 1.0 })
+            .sum()
+    };
     let shapes = frag::target_shapes(cluster, policy);
     let cap = Capacity::of(cluster);
     let counted: Vec<bool> = cluster
@@ -1052,7 +1076,7 @@ pub fn plan(
     for (id, u) in all_units.iter().enumerate() {
         if let Some((gain, _)) = st.eval(u) {
             heap.push(Cand {
-                score: gain / u.pods.len() as f64,
+                score: gain / cost(u),
                 id,
             });
         }
@@ -1068,7 +1092,7 @@ pub fn plan(
         let Some((gain, placed)) = st.eval(u) else {
             continue;
         };
-        let score = gain / u.pods.len() as f64;
+        let score = gain / cost(u);
         if let Some(next) = heap.peek()
             && score + 1e-9 < next.score
         {

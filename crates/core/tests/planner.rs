@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use gpu_defrag_core::frag::{self, Capacity};
 use gpu_defrag_core::model::*;
-use gpu_defrag_core::plan::{History, Plan, UnitKind, apply, plan};
+use gpu_defrag_core::plan::{History, Plan, UnitKind, apply, plan, plan_with_activity};
 use gpu_defrag_core::policy::{Policy, TargetShape};
 use proptest::prelude::*;
 
@@ -757,4 +757,48 @@ fn targets_follow_most_allocated_across_node_sizes() {
     let after = apply(&c, &pl);
     let t = frag::totals(&after, &Capacity::of(&after), &pol.scope, &pl.shapes);
     assert!((t.fragment_milli - pl.after.fragment_milli).abs() < 1e-6);
+}
+
+#[test]
+fn long_idle_pods_rank_as_cheaper_to_move() {
+    // Three nodes, a half-used GPU on each: draining n0's or n1's GPU gives the same drop.
+    let mut c = Cluster {
+        nodes: vec![
+            node("n0", 2, Granularity::Device),
+            node("n1", 2, Granularity::Device),
+            node("n2", 2, Granularity::Device),
+        ],
+        ..Default::default()
+    };
+    bind(&mut c, pod("a", "busy", "r0"), 0, &[0], 500);
+    bind(&mut c, pod("a", "idle", "r1"), 1, &[0], 500);
+    bind(&mut c, pod("a", "other", "r2"), 2, &[0], 500);
+    let c = finish(c);
+    let pol = exact_policy(1);
+    // Without activity data the tie goes to node order.
+    let pl = plan(&c, &pol, None, &History::default());
+    assert_eq!(
+        pl.moves.iter().map(|m| m.pod.as_str()).collect::<Vec<_>>(),
+        ["a/busy"]
+    );
+    let measured = |peak: f64| PodActivity { peak, gpus: 1 };
+    let mut activity = Activity {
+        threshold: 0.3,
+        lookback: std::time::Duration::from_secs(4 * 3600),
+        ..Default::default()
+    };
+    activity.pods.insert("a/busy".into(), measured(0.9));
+    activity.pods.insert("a/idle".into(), measured(0.05));
+    let pl = plan_with_activity(&c, &pol, None, &History::default(), &activity);
+    assert_eq!(
+        pl.moves.iter().map(|m| m.pod.as_str()).collect::<Vec<_>>(),
+        ["a/idle"]
+    );
+    // Busy above the threshold, or no measurement: no preference.
+    activity.pods.insert("a/idle".into(), measured(0.5));
+    let pl = plan_with_activity(&c, &pol, None, &History::default(), &activity);
+    assert_eq!(
+        pl.moves.iter().map(|m| m.pod.as_str()).collect::<Vec<_>>(),
+        ["a/busy"]
+    );
 }
