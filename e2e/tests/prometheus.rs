@@ -13,6 +13,7 @@
 //! never outlives the test, even one that panics or is killed.
 
 use std::{
+    collections::BTreeMap,
     fs::File,
     io::{Read, Write},
     net::TcpStream,
@@ -54,6 +55,28 @@ fn prometheus_binary() -> Result<PathBuf> {
         })
 }
 
+/// One scrape job of the generated configuration.
+struct Job {
+    name: String,
+    target: String,
+    /// `honor_labels`: keep the target's own labels on conflicts (else Prometheus renames
+    /// them `exported_<name>`).
+    honor_labels: bool,
+    /// Target labels added to every series.
+    labels: Vec<(String, String)>,
+}
+
+impl Job {
+    fn new(name: &str, target: &str) -> Self {
+        Self {
+            name: name.into(),
+            target: target.into(),
+            honor_labels: false,
+            labels: Vec::new(),
+        }
+    }
+}
+
 /// A Prometheus server on loopback in its own process group, killed (SIGKILL, whole
 /// group) on drop.
 struct Prometheus {
@@ -68,18 +91,32 @@ impl Prometheus {
     /// Writes `dir/prometheus.yml` (one job scraping `target` every second) and starts
     /// Prometheus with its data in `dir/data`, listening on a free loopback port.
     fn start(dir: &Path, target: &str) -> Result<Self> {
+        Self::start_jobs(dir, &[Job::new(JOB, target)])
+    }
+
+    /// Like [`Prometheus::start`], scraping every job every second.
+    fn start_jobs(dir: &Path, jobs: &[Job]) -> Result<Self> {
         let bin = prometheus_binary()?;
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let config = dir.join("prometheus.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
-                 scrape_configs:\n  - job_name: {JOB}\n    metrics_path: /metrics\n    \
-                 static_configs:\n      - targets: ['{target}']\n"
-            ),
-        )
-        .with_context(|| format!("writing {}", config.display()))?;
+        let mut text = String::from(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
+             scrape_configs:\n",
+        );
+        for j in jobs {
+            text += &format!(
+                "  - job_name: {}\n    metrics_path: /metrics\n    honor_labels: {}\n    \
+                 static_configs:\n      - targets: ['{}']\n",
+                j.name, j.honor_labels, j.target
+            );
+            if !j.labels.is_empty() {
+                text += "        labels:\n";
+                for (k, v) in &j.labels {
+                    text += &format!("          {k}: '{v}'\n");
+                }
+            }
+        }
+        std::fs::write(&config, text).with_context(|| format!("writing {}", config.display()))?;
         let port = free_port()?;
         let addr = format!("127.0.0.1:{port}");
         let log = dir.join("prometheus.log");
@@ -444,5 +481,420 @@ async fn prometheus_stores_the_status_fragment_rate() {
 
     drop(prom);
     drop(op);
+    delete_policy(&client, &name).await.unwrap();
+}
+
+// === allocated-but-idle GPUs ===
+
+/// A stand-in for dcgm-exporter (which needs GPUs): serves `/metrics` in the Prometheus text
+/// format from loopback, with whatever body the test sets. Plain threads; stops on drop.
+struct FakeDcgm {
+    addr: String,
+    body: std::sync::Arc<std::sync::Mutex<String>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl FakeDcgm {
+    fn start() -> Result<Self> {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?.to_string();
+        let body = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (shared, stopped) = (body.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if stopped.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(mut s) = conn else { continue };
+                let body = shared.clone();
+                std::thread::spawn(move || {
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                    let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
+                    // Read the request head (Prometheus sends no body), at most 16 KiB.
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 2048];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 << 10 {
+                        match s.read(&mut buf) {
+                            Ok(n) if n > 0 => head.extend_from_slice(&buf[..n]),
+                            _ => return,
+                        }
+                    }
+                    let text = body.lock().map(|b| b.clone()).unwrap_or_default();
+                    let reply = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n\
+                         Content-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                        text.len()
+                    );
+                    let _ = s.write_all(reply.as_bytes());
+                    let _ = s.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        });
+        Ok(Self { addr, body, stop })
+    }
+
+    fn serve(&self, text: String) {
+        if let Ok(mut b) = self.body.lock() {
+            *b = text;
+        }
+    }
+}
+
+impl Drop for FakeDcgm {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Wake the accept loop so it sees the flag.
+        let _ = TcpStream::connect(&self.addr);
+    }
+}
+
+/// One GPU as dcgm-exporter reports it with its Kubernetes pod mapping.
+#[derive(Clone)]
+struct DcgmGpu {
+    host: String,
+    gpu: u32,
+    /// `(namespace, pod)`; `None`: a free GPU (empty labels, as dcgm-exporter writes them).
+    pod: Option<(String, String)>,
+    /// `DCGM_FI_PROF_SM_ACTIVE` (0..1), if the GPU has profiling metrics.
+    sm_active: Option<f64>,
+    /// `DCGM_FI_DEV_GPU_UTIL` (0..100).
+    gpu_util: Option<f64>,
+}
+
+/// The exposition text of `gpus`, labelled as dcgm-exporter labels them.
+fn dcgm_text(gpus: &[DcgmGpu]) -> String {
+    let mut out = String::new();
+    for (metric, help, get) in [
+        (
+            "DCGM_FI_PROF_SM_ACTIVE",
+            "The ratio of cycles an SM has at least 1 warp assigned.",
+            (|g: &DcgmGpu| g.sm_active) as fn(&DcgmGpu) -> Option<f64>,
+        ),
+        (
+            "DCGM_FI_DEV_GPU_UTIL",
+            "GPU utilization (in %).",
+            |g: &DcgmGpu| g.gpu_util,
+        ),
+    ] {
+        out += &format!("# HELP {metric} {help}\n# TYPE {metric} gauge\n");
+        for g in gpus {
+            let Some(v) = get(g) else { continue };
+            let (ns, pod) = g.pod.clone().unwrap_or_default();
+            let container = if pod.is_empty() { "" } else { "main" };
+            out += &format!(
+                "{metric}{{gpu=\"{}\",UUID=\"GPU-{}-{}\",device=\"nvidia{}\",\
+                 modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"{}\",container=\"{container}\",\
+                 namespace=\"{ns}\",pod=\"{pod}\"}} {v}\n",
+                g.gpu, g.host, g.gpu, g.gpu, g.host
+            );
+        }
+    }
+    out
+}
+
+/// `GET path` on the operator's metrics address: the body.
+async fn scrape(addr: &str) -> Result<String> {
+    let addr = addr.to_string();
+    let (code, body) = tokio::task::spawn_blocking(move || http_get(&addr, "/metrics")).await??;
+    if code != 200 {
+        bail!("GET /metrics: HTTP {code}");
+    }
+    Ok(body)
+}
+
+/// Pods of the test whose DCGM series say idle are reported, exactly, in status and in
+/// metrics (stored by the real Prometheus), through both label layouts (the exporter's own
+/// `pod`/`namespace`, and `exported_pod`/`exported_namespace` after a scrape that renames
+/// them); SM activity wins over GPU utilisation; a pod turning busy leaves the set; when
+/// Prometheus goes away, status and metrics say so and report no idle GPUs at all.
+#[tokio::test]
+async fn idle_allocated_gpus_come_from_dcgm_series_in_prometheus() {
+    prometheus_binary().unwrap();
+    let cluster = shared().await.expect("local control plane");
+    let ns = cluster.namespace("idle").await.unwrap();
+    let name = ns.name().to_string();
+    let client = cluster.client().unwrap();
+    let pool = Pool::create(cluster, &name, 3, 4).await.unwrap();
+    fragment(&client, &name, &pool, &[2, 2, 1]).await.unwrap();
+    let mut running: Vec<(String, String)> =
+        gpu_defrag_e2e::fixtures::pods(&client, &name, "e2e-role=infer")
+            .await
+            .unwrap()
+            .iter()
+            .filter_map(|p| {
+                Some((
+                    p.metadata.name.clone()?,
+                    p.spec.as_ref()?.node_name.clone()?,
+                ))
+            })
+            .collect();
+    running.sort();
+    assert_eq!(running.len(), 5, "{running:?}");
+
+    // Five 1-GPU pods: idle by SM activity, busy by SM activity, busy by SM activity with a
+    // low utilisation (SM activity wins), idle by utilisation (no SM series), busy by
+    // utilisation. Plus the free GPUs of the pool and a pod that does not exist.
+    let plan: [(Option<f64>, Option<f64>); 5] = [
+        (Some(0.05), Some(40.0)),
+        (Some(0.9), Some(99.0)),
+        (Some(0.8), Some(5.0)),
+        (None, Some(12.0)),
+        (None, Some(95.0)),
+    ];
+    let mut next_gpu: BTreeMap<String, u32> = BTreeMap::new();
+    let mut gpus: Vec<DcgmGpu> = running
+        .iter()
+        .zip(plan)
+        .map(|((pod, node), (sm, util))| {
+            let i = next_gpu.entry(node.clone()).or_default();
+            *i += 1;
+            DcgmGpu {
+                host: node.clone(),
+                gpu: *i - 1,
+                pod: Some((name.clone(), pod.clone())),
+                sm_active: sm,
+                gpu_util: util,
+            }
+        })
+        .collect();
+    for node in &pool.nodes {
+        let used = next_gpu.get(node).copied().unwrap_or(0);
+        for g in used..pool.gpus_per_node {
+            gpus.push(DcgmGpu {
+                host: node.clone(),
+                gpu: g,
+                pod: None,
+                sm_active: Some(0.0),
+                gpu_util: Some(0.0),
+            });
+        }
+    }
+    gpus.push(DcgmGpu {
+        host: "elsewhere".into(),
+        gpu: 0,
+        pod: Some((name.clone(), "no-such-pod".into())),
+        sm_active: Some(0.0),
+        gpu_util: Some(0.0),
+    });
+    let idle_pods = [
+        format!("{name}/{}", running[0].0),
+        format!("{name}/{}", running[3].0),
+    ];
+    // Exporter A (scraped with honor_labels: true) serves pods 0, 1, 4 and the free GPUs;
+    // exporter B (scraped with target labels pod/namespace, honor_labels: false: the series'
+    // own become exported_pod/exported_namespace) serves pods 2 and 3 and the stray pod.
+    let on_b = |g: &DcgmGpu| {
+        g.pod
+            .as_ref()
+            .is_some_and(|(_, p)| p == &running[2].0 || p == &running[3].0 || p == "no-such-pod")
+    };
+    let (a_gpus, b_gpus): (Vec<DcgmGpu>, Vec<DcgmGpu>) =
+        gpus.iter().cloned().partition(|g| !on_b(g));
+    let (a, b) = (FakeDcgm::start().unwrap(), FakeDcgm::start().unwrap());
+    a.serve(dcgm_text(&a_gpus));
+    b.serve(dcgm_text(&b_gpus));
+
+    create_policy(
+        &client,
+        &name,
+        &name,
+        json!({
+            "mode": "DryRun",
+            "nodeSelector": pool.selector(),
+            "namespaces": {"include": [name]},
+            "target": {"shapes": [{"gpus": 3}]},
+            "safety": {"minPodAge": "0s"},
+        }),
+    )
+    .await
+    .unwrap();
+    let metrics_addr = format!("127.0.0.1:{}", free_port().unwrap());
+    let mut dcgm_b = Job::new("dcgm-b", &b.addr);
+    dcgm_b.labels = vec![
+        ("pod".into(), "nvidia-dcgm-exporter-b".into()),
+        ("namespace".into(), "gpu-operator".into()),
+    ];
+    let mut dcgm_a = Job::new("dcgm-a", &a.addr);
+    dcgm_a.honor_labels = true;
+    // Built first, so the clock below measures Prometheus's data, not the build.
+    gpu_defrag_e2e::operator::operator_binary().await.unwrap();
+    let started = Instant::now();
+    let mut prom = Prometheus::start_jobs(
+        &cluster.work_dir().join(format!("prometheus-{name}")),
+        &[Job::new(JOB, &metrics_addr), dcgm_a, dcgm_b],
+    )
+    .unwrap();
+    prom.wait_ready().await.unwrap();
+    let lookback = 15;
+    let op = Operator::start(
+        cluster,
+        &name,
+        &[
+            "--metrics-addr",
+            &metrics_addr,
+            "--prometheus-url",
+            &format!("http://{}", prom.addr),
+            "--idle-lookback",
+            &format!("{lookback}s"),
+            "--idle-refresh",
+            "1s",
+            "--prometheus-timeout",
+            "3s",
+        ],
+    )
+    .await
+    .unwrap();
+
+    // Prometheus renamed exporter B's labels (the layout the operator must also read).
+    let renamed = prom
+        .sample_after(
+            &format!("DCGM_FI_DEV_GPU_UTIL{{exported_pod=\"{}\"}}", running[3].0),
+            0.0,
+        )
+        .await
+        .unwrap();
+    assert_eq!(renamed.1, 12.0);
+
+    let idle_names = |s: &Value| -> Vec<String> {
+        let mut v: Vec<String> = s
+            .pointer("/idleAllocated/idlePods")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|p| p["pod"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    let status = gpu_defrag_e2e::operator::wait_status(
+        &client,
+        &name,
+        "the idle pods in status.idleAllocated",
+        Duration::from_secs(120),
+        |s| int_at(s, "/idleAllocated/pods").unwrap_or(0) > 0,
+    )
+    .await
+    .unwrap();
+    op.ensure_running().unwrap();
+    // A window without data at its start is never read as idle: the first pods appear only
+    // once the series are older than the lookback.
+    assert!(
+        started.elapsed() >= Duration::from_secs(lookback),
+        "idle pods {:?} after Prometheus started, before its series covered the {lookback}s window: {status:#}",
+        started.elapsed()
+    );
+    eprintln!(
+        "idle pods after {:.1}s: {}",
+        started.elapsed().as_secs_f64(),
+        serde_json::to_string(&status["idleAllocated"]).unwrap()
+    );
+    assert_eq!(idle_names(&status), idle_pods, "{status:#}");
+    let at = |p: &str| int_at(&status, &format!("/idleAllocated/{p}"));
+    assert_eq!(
+        (
+            at("pods"),
+            at("gpus"),
+            at("milli"),
+            at("gpuPods"),
+            at("measuredPods")
+        ),
+        (Some(2), Some(2), Some(2000), Some(5), Some(5)),
+        "{status:#}"
+    );
+    assert_eq!(float_at(&status, "/idleAllocated/threshold"), Some(0.3));
+    assert_eq!(
+        gpu_defrag_e2e::operator::str_at(&status, "/idleAllocated/lookback"),
+        Some("15s")
+    );
+    let peaks: Vec<f64> = status["idleAllocated"]["idlePods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["peakActivity"].as_f64())
+        .collect();
+    let mut peaks_sorted = peaks.clone();
+    peaks_sorted.sort_by(f64::total_cmp);
+    assert_eq!(peaks_sorted, [0.05, 0.12], "{status:#}");
+    let (cs, reason, _) =
+        gpu_defrag_e2e::operator::condition_parts(&status, "IdleData").expect("IdleData");
+    assert_eq!((cs.as_str(), reason.as_str()), ("True", "Measured"));
+
+    // The same numbers stored by Prometheus from the operator's /metrics, scraped after the
+    // status was read (an instant query shows the evaluation time, so filter on the
+    // sample's own timestamp).
+    let read_at = unix_now();
+    for (metric, want) in [
+        ("gpu_defrag_idle_allocated_pods", 2.0),
+        ("gpu_defrag_idle_allocated_gpus", 2.0),
+        ("gpu_defrag_idle_allocated_milli", 2000.0),
+    ] {
+        let q = format!("{metric}{{policy=\"{name}\"}}");
+        let (_, v) = prom
+            .sample_after(&format!("{q} and timestamp({q}) >= {read_at:.3}"), read_at)
+            .await
+            .unwrap();
+        assert_eq!(v, want, "{metric}");
+    }
+
+    // The idle pod by SM activity gets busy: it leaves the set at once (one busy sample in
+    // the window is enough).
+    let mut busier = a_gpus.clone();
+    for g in &mut busier {
+        if g.pod.as_ref().is_some_and(|(_, p)| p == &running[0].0) {
+            g.sm_active = Some(0.6);
+        }
+    }
+    a.serve(dcgm_text(&busier));
+    let status = gpu_defrag_e2e::operator::wait_status(
+        &client,
+        &name,
+        "only the utilisation-idle pod left",
+        Duration::from_secs(60),
+        |s| int_at(s, "/idleAllocated/pods") == Some(1),
+    )
+    .await
+    .unwrap();
+    assert_eq!(idle_names(&status), [idle_pods[1].clone()], "{status:#}");
+    assert_eq!(int_at(&status, "/idleAllocated/milli"), Some(1000));
+
+    // Prometheus goes away: no idle data at all, and a reason.
+    drop(prom);
+    let status = gpu_defrag_e2e::operator::wait_status(
+        &client,
+        &name,
+        "IdleData=False after Prometheus stopped",
+        Duration::from_secs(60),
+        |s| {
+            gpu_defrag_e2e::operator::condition_parts(s, "IdleData")
+                .is_some_and(|(st, _, _)| st == "False")
+        },
+    )
+    .await
+    .unwrap();
+    let (_, reason, message) =
+        gpu_defrag_e2e::operator::condition_parts(&status, "IdleData").unwrap();
+    assert_eq!(reason, "PrometheusUnreachable", "{message}");
+    assert!(status.get("idleAllocated").is_none(), "{status:#}");
+    let text = scrape(&metrics_addr).await.unwrap();
+    assert!(
+        !text.contains(&format!(
+            "gpu_defrag_idle_allocated_gpus{{policy=\"{name}\"}}"
+        )),
+        "idle series still exported without data:\n{text}"
+    );
+    let errors: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("gpu_defrag_idle_query_errors_total{kind=\"unreachable\"}"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(errors >= 1.0, "no unreachable errors counted:\n{text}");
+    op.ensure_running().unwrap();
+
+    drop(op);
+    drop((a, b));
     delete_policy(&client, &name).await.unwrap();
 }
