@@ -14,7 +14,7 @@ use gpu_defrag_api::v1alpha1::{DefragPolicy, DefragPolicyStatus, DryRunCheck, Mo
 use gpu_defrag_api::{DRAINING_TAINT, FIELD_MANAGER};
 use gpu_defrag_core::frag;
 use gpu_defrag_core::ingest::{self, Objects};
-use gpu_defrag_core::model::Cluster;
+use gpu_defrag_core::model::{Activity, Cluster};
 use gpu_defrag_core::plan::{self, History, Plan};
 use gpu_defrag_core::policy::Policy;
 use gpu_defrag_core::windows::Windows;
@@ -31,7 +31,7 @@ use tokio::sync::Mutex;
 use tracing::{info, warn};
 
 use crate::executor;
-use crate::idle::{IdleSource, IdleState};
+use crate::idle::{IdleSource, IdleState, Measured};
 use crate::lease::LeaderState;
 use crate::metrics::{Metrics, ReportNumbers};
 use crate::status::{self, Want};
@@ -112,6 +112,15 @@ impl Ctx {
             pods: self.pods.state().iter().map(|p| (**p).clone()).collect(),
             pdbs: self.pdbs.state().iter().map(|p| (**p).clone()).collect(),
             devices: Vec::new(),
+        }
+    }
+
+    /// The last good GPU activity answer, if `--prometheus-url` is set and Prometheus gave
+    /// one at the last refresh (the planner ranks long-idle pods as cheaper to move).
+    pub fn idle_measured(&self) -> Option<Arc<Measured>> {
+        match self.idle.as_ref()?.state() {
+            IdleState::Ready(m) => Some(m),
+            _ => None,
         }
     }
 
@@ -372,12 +381,15 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
     let objs = ctx.objects();
     let cluster = ingest::build_cluster(&objs, Some(now));
     let report = frag::report(&cluster, &policy);
+    let measured = ctx.idle_measured();
     let idle = ctx
         .idle
         .as_ref()
         .map(|src| idle_view(src, &cluster, &policy));
     let history = history_of(old.active_run.as_ref());
-    let plan = plan::plan(&cluster, &policy, Some(now), &history);
+    let no_activity = Activity::default();
+    let activity = measured.as_ref().map_or(&no_activity, |m| &m.activity);
+    let plan = plan::plan_with_activity(&cluster, &policy, Some(now), &history, activity);
     let conflict = conflicts_with(&dp, &ctx.policies.state(), &cluster);
     let open = windows.open_at(now);
     let window_status = windows.status(now);

@@ -266,7 +266,11 @@ async fn run(
     let cluster = ingest::build_cluster(&ctx.objects(), Some(now));
     let before = frag::report(&cluster, &policy);
     let history = history_of(resume.as_ref());
-    let plan = plan::plan(&cluster, &policy, Some(now), &history);
+    // The same ranking as the plan in status: long-idle pods are cheaper to move.
+    let measured = ctx.idle_measured();
+    let no_activity = gpu_defrag_core::model::Activity::default();
+    let activity = measured.as_ref().map_or(&no_activity, |m| &m.activity);
+    let plan = plan::plan_with_activity(&cluster, &policy, Some(now), &history, activity);
     let mut rec = resume.clone().unwrap_or_else(|| RunRecord {
         id: format!("{}-{}", name, now.format("%Y%m%dt%H%M%S")),
         started_at: ts(now),
