@@ -584,6 +584,31 @@ pub fn status_detail(p: &PolicyView, now: DateTime<Utc>) -> String {
             list.join(", ")
         );
     }
+    if let Some(i) = &st.idle_allocated {
+        let _ = writeln!(
+            s,
+            "Idle GPUs      {} GPUs ({} milli) allocated to {} idle pods: activity under {} for {}; \
+             {} of {} GPU pods measured, {}",
+            i.gpus,
+            i.milli,
+            i.pods,
+            i.threshold,
+            i.lookback,
+            i.measured_pods,
+            i.gpu_pods,
+            with_relative(&i.observed_at, now)
+        );
+        for p in &i.idle_pods {
+            let _ = writeln!(
+                s,
+                "  {}  {}  {} GPUs, peak {}",
+                p.pod, p.node, p.gpus, p.peak_activity
+            );
+        }
+        if (i.idle_pods.len() as i64) < i.pods {
+            let _ = writeln!(s, "  … {} more", i.pods - i.idle_pods.len() as i64);
+        }
+    }
     s
 }
 
@@ -689,6 +714,28 @@ mod tests {
             "0.400→0.100",
             "PlanPartlyBlocked",
             "job-pod=2, too-young=5",
+        ] {
+            assert!(d.contains(want), "{want:?} in\n{d}");
+        }
+    }
+
+    #[test]
+    fn status_detail_shows_idle_gpus_when_measured() {
+        let now = parse_ts("2026-12-02T12:00:00Z").unwrap();
+        let mut v = view();
+        assert!(!status_detail(&v, now).contains("Idle GPUs"));
+        v.status.idle_allocated = serde_json::from_value(serde_json::json!({
+            "pods": 3, "gpus": 2, "milli": 2500, "gpuPods": 9, "measuredPods": 8,
+            "threshold": 0.3, "lookback": "4h", "observedAt": "2026-12-02T11:59:00Z",
+            "idlePods": [{"pod": "ml/a", "node": "n1", "gpus": 1, "milli": 1000,
+                          "peakActivity": 0.05}]
+        }))
+        .unwrap();
+        let d = status_detail(&v, now);
+        for want in [
+            "Idle GPUs      2 GPUs (2500 milli) allocated to 3 idle pods: activity under 0.3 for 4h; 8 of 9 GPU pods measured",
+            "  ml/a  n1  1 GPUs, peak 0.05",
+            "  … 2 more",
         ] {
             assert!(d.contains(want), "{want:?} in\n{d}");
         }
