@@ -979,4 +979,94 @@ mod tests {
         assert_eq!(h.per_node.get("n1"), Some(&3));
         assert_eq!(h.per_namespace.get("a"), Some(&1));
     }
+
+    #[test]
+    fn idle_view_reports_nothing_without_a_good_answer() {
+        use crate::idle::{IdleArgs, IdleSource, IdleState, Measured, QueryError, SeriesStats};
+        use gpu_defrag_core::model::PodActivity;
+        let cfg = IdleArgs {
+            prometheus_url: Some("http://127.0.0.1:9".into()),
+            idle_threshold: 0.3,
+            idle_lookback: Duration::from_secs(3600),
+            idle_refresh: Duration::from_secs(60),
+            prometheus_timeout: Duration::from_secs(1),
+        }
+        .config()
+        .unwrap()
+        .unwrap();
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ml", "uid": "u",
+                         "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {
+                "limits": {"nvidia.com/gpu": "2"}, "requests": {"nvidia.com/gpu": "2"}}}]},
+            "status": {"phase": "Running"}
+        }))
+        .unwrap();
+        let objs = Objects {
+            nodes: vec![
+                serde_json::from_value(json!({
+                    "metadata": {"name": "n1"},
+                    "status": {"allocatable": {"nvidia.com/gpu": "8"},
+                               "conditions": [{"type": "Ready", "status": "True"}]}
+                }))
+                .unwrap(),
+            ],
+            pods: vec![pod],
+            ..Default::default()
+        };
+        let now = parse_ts("2026-01-02T00:00:00Z");
+        let c = ingest::build_cluster(&objs, now);
+        let policy = Policy::default();
+        let failed = IdleSource::with_state(
+            cfg.clone(),
+            IdleState::Failed {
+                error: QueryError::Unreachable("refused".into()),
+                at: now.unwrap(),
+            },
+        );
+        for (src, reason) in [
+            (
+                IdleSource::with_state(cfg.clone(), IdleState::Pending),
+                "NotQueriedYet",
+            ),
+            (failed, "PrometheusUnreachable"),
+        ] {
+            let v = idle_view(&src, &c, &policy);
+            assert_eq!(
+                (v.condition.status, v.condition.reason.as_str()),
+                (false, reason)
+            );
+            assert!(v.summary.is_none() && v.numbers.is_none());
+        }
+        let measured = Measured {
+            activity: gpu_defrag_core::model::Activity {
+                pods: [("ml/p".to_string(), PodActivity { peak: 0.1, gpus: 2 })].into(),
+                threshold: 0.3,
+                lookback: Duration::from_secs(3600),
+            },
+            at: now.unwrap(),
+            stats: SeriesStats {
+                sm_active: 2,
+                ..Default::default()
+            },
+        };
+        let v = idle_view(
+            &IdleSource::with_state(cfg, IdleState::Ready(Arc::new(measured))),
+            &c,
+            &policy,
+        );
+        assert_eq!(
+            (v.condition.status, v.condition.reason.as_str()),
+            (true, "Measured")
+        );
+        let s = v.summary.unwrap();
+        assert_eq!(
+            (s.pods, s.gpus, s.milli, s.gpu_pods, s.measured_pods),
+            (1, 2, 2000, 1, 1)
+        );
+        assert_eq!(
+            (s.lookback.as_str(), s.idle_pods[0].pod.as_str()),
+            ("1h", "ml/p")
+        );
+    }
 }

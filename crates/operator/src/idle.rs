@@ -307,6 +307,15 @@ impl IdleSource {
         }
     }
 
+    /// A source holding `state` (tests).
+    #[cfg(test)]
+    pub fn with_state(cfg: IdleConfig, state: IdleState) -> Self {
+        Self {
+            cfg: Arc::new(cfg),
+            state: Arc::new(RwLock::new(state)),
+        }
+    }
+
     /// The configuration.
     pub fn config(&self) -> &IdleConfig {
         &self.cfg
