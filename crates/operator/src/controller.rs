@@ -768,7 +768,12 @@ pub async fn run(
         pcfg = pcfg.labels(&opts.policy_selector);
     }
     let controller = Controller::new(policies, pcfg)
-        .with_config(kube::runtime::controller::Config::default().debounce(Duration::from_secs(1)))
+        // A short debounce only merges a policy's own bursts: kube's debounce restarts on
+        // every new request, so with cluster changes more often than it lasts no reconcile
+        // would ever run. Cluster changes are throttled instead (`tokio_stream_from`).
+        .with_config(
+            kube::runtime::controller::Config::default().debounce(Duration::from_millis(100)),
+        )
         .reconcile_all_on(trigger);
     let ctx = Arc::new(Ctx {
         client: client.clone(),
@@ -903,11 +908,21 @@ pub fn idle_view(src: &IdleSource, cluster: &Cluster, policy: &Policy) -> IdleVi
     }
 }
 
-/// A stream of `()` from a channel receiver.
+/// How often cluster changes reconcile every policy, at most.
+pub const TRIGGER_EVERY: Duration = Duration::from_secs(1);
+
+/// A stream of `()` from a channel receiver, at most one per [`TRIGGER_EVERY`]: the first
+/// change reconciles at once, changes during the pause after it are merged into one. Under
+/// constant churn (a large cluster always has some) this still reconciles once per period.
 fn tokio_stream_from(
-    mut rx: tokio::sync::mpsc::Receiver<()>,
+    rx: tokio::sync::mpsc::Receiver<()>,
 ) -> impl futures::Stream<Item = ()> + Send + 'static {
-    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+    futures::stream::unfold((rx, false), |(mut rx, pause)| async move {
+        if pause {
+            tokio::time::sleep(TRIGGER_EVERY).await;
+        }
+        rx.recv().await.map(|()| ((), (rx, true)))
+    })
 }
 
 /// The taint a run puts on nodes it empties.

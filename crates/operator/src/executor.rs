@@ -385,7 +385,10 @@ async fn run(
         *rec.evicted_per_node.entry(m.from_node.clone()).or_default() += 1;
         write_runs(&ctx, &name, Some(&rec), &last_runs).await?;
         let outcome = evict_api(ns).evict(pod_name, &EvictParams::default()).await;
-        if outcome.is_err() {
+        // Only an answer from the API server says the eviction did not happen. Without one
+        // (the connection broke, the server went away) it may have: the record keeps it,
+        // so the limits count it and a resumed run never evicts the pod again.
+        if matches!(outcome, Err(kube::Error::Api(_))) {
             rec = undo;
         }
         match outcome {
