@@ -113,6 +113,10 @@ pub struct ClusterOptions {
     pub detached: bool,
     /// Keep the work dir after the stack stops (also `GPU_DEFRAG_E2E_KEEP=1`).
     pub keep: bool,
+    /// kube-controller-manager's `--controllers` (default `*`, all of them). The scale test
+    /// turns the ReplicaSet controller off so that it can create the pods of 600
+    /// ReplicaSets itself, already bound, in seconds.
+    pub kcm_controllers: String,
 }
 
 impl Default for ClusterOptions {
@@ -129,6 +133,7 @@ impl Default for ClusterOptions {
             timeout: Duration::from_secs(90),
             detached: false,
             keep: std::env::var("GPU_DEFRAG_E2E_KEEP").is_ok_and(|v| v == "1" || v == "true"),
+            kcm_controllers: "*".to_string(),
         }
     }
 }
@@ -253,6 +258,8 @@ pub struct TestCluster {
     pki: Pki,
     kubeconfig: PathBuf,
     api_port: u16,
+    etcd_port: u16,
+    kcm_controllers: String,
     ca_der: Vec<u8>,
     components: Mutex<Vec<Component>>,
     reaper: Mutex<Option<Reaper>>,
@@ -373,6 +380,8 @@ impl TestCluster {
             bin_dir,
             pki,
             api_port: 0,
+            etcd_port: 0,
+            kcm_controllers: opts.kcm_controllers.clone(),
             ca_der,
             components: Mutex::new(Vec::new()),
             reaper: Mutex::new(reaper),
@@ -399,6 +408,7 @@ impl TestCluster {
     async fn boot(&mut self, opts: &ClusterOptions) -> Result<()> {
         let etcd = self.start_etcd(opts.timeout).await?;
         let etcd_port = etcd.ports[0];
+        self.etcd_port = etcd_port;
         self.push(etcd.component)?;
         let api = self.start_apiserver(etcd_port, opts.timeout).await?;
         self.api_port = api.ports[0];
@@ -596,18 +606,54 @@ impl TestCluster {
         .await
     }
 
-    async fn start_apiserver(&self, etcd_port: u16, timeout: Duration) -> Result<Started> {
-        let pki = self.pki.clone();
-        let cert_dir = self.work_dir.join("apiserver");
+    /// The flags of kube-apiserver on `port`, backed by etcd on `etcd_port`.
+    fn apiserver_args(&self, etcd_port: u16, port: u16) -> Vec<String> {
+        let pki = &self.pki;
         let (ca, crt, key) = (
             pki.ca_crt.display(),
             pki.admin_crt.display(),
             pki.admin_key.display(),
         );
-        let sa_pub = pki.sa_pub.display();
+        vec![
+            format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={port}"),
+            // A loopback bind needs an explicit advertise address, and a
+            // loopback advertise address needs the endpoint reconciler off.
+            "--advertise-address=127.0.0.1".into(),
+            "--endpoint-reconciler-type=none".into(),
+            format!("--cert-dir={}", self.work_dir.join("apiserver").display()),
+            format!("--tls-cert-file={crt}"),
+            format!("--tls-private-key-file={key}"),
+            format!("--client-ca-file={ca}"),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            format!("--service-account-key-file={}", pki.sa_pub.display()),
+            format!("--service-account-signing-key-file={key}"),
+            "--authorization-mode=RBAC".into(),
+            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            "--allow-privileged=true".into(),
+            // Pods created right after their namespace would otherwise race
+            // the serviceaccount controller ("serviceaccount default not found").
+            "--disable-admission-plugins=ServiceAccount".into(),
+            "--profiling=false".into(),
+        ]
+    }
+
+    /// Whether the API server on `port` answers `/readyz` with `ok`.
+    async fn apiserver_ready(&self, port: u16) -> bool {
+        let Ok(client) = self.client_for_port(port) else {
+            return false;
+        };
+        let Ok(req) = http::Request::get("/readyz").body(Vec::new()) else {
+            return false;
+        };
+        matches!(client.request_text(req).await, Ok(s) if s.trim() == "ok")
+    }
+
+    async fn start_apiserver(&self, etcd_port: u16, timeout: Duration) -> Result<Started> {
+        let pki = self.pki.clone();
         let kubeconfig = self.kubeconfig.clone();
-        let this = self;
-        let started = this
+        let started = self
             .start_with_ports(
                 "kube-apiserver",
                 1,
@@ -623,41 +669,9 @@ impl TestCluster {
                         &pki.admin_crt,
                         &pki.admin_key,
                     );
-                    vec![
-                        format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
-                        "--bind-address=127.0.0.1".into(),
-                        format!("--secure-port={}", p[0]),
-                        // A loopback bind needs an explicit advertise address, and a
-                        // loopback advertise address needs the endpoint reconciler off.
-                        "--advertise-address=127.0.0.1".into(),
-                        "--endpoint-reconciler-type=none".into(),
-                        format!("--cert-dir={}", cert_dir.display()),
-                        format!("--tls-cert-file={crt}"),
-                        format!("--tls-private-key-file={key}"),
-                        format!("--client-ca-file={ca}"),
-                        "--service-account-issuer=https://kubernetes.default.svc.cluster.local"
-                            .into(),
-                        format!("--service-account-key-file={sa_pub}"),
-                        format!("--service-account-signing-key-file={key}"),
-                        "--authorization-mode=RBAC".into(),
-                        "--service-cluster-ip-range=10.96.0.0/16".into(),
-                        "--allow-privileged=true".into(),
-                        // Pods created right after their namespace would otherwise race
-                        // the serviceaccount controller ("serviceaccount default not found").
-                        "--disable-admission-plugins=ServiceAccount".into(),
-                        "--profiling=false".into(),
-                    ]
+                    self.apiserver_args(etcd_port, p[0])
                 },
-                |p| {
-                    let client = this.client_for_port(p[0]);
-                    async move {
-                        let Ok(client) = client else { return false };
-                        let Ok(req) = http::Request::get("/readyz").body(Vec::new()) else {
-                            return false;
-                        };
-                        matches!(client.request_text(req).await, Ok(s) if s.trim() == "ok")
-                    }
-                },
+                |p| self.apiserver_ready(p[0]),
             )
             .await?;
         write_kubeconfig(
@@ -669,6 +683,65 @@ impl TestCluster {
             &pki.admin_key,
         )?;
         Ok(started)
+    }
+
+    // === API-server faults ===
+
+    /// Stops kube-apiserver (SIGTERM, SIGKILL after `grace`), leaving etcd and every other
+    /// component running: clients see connections refused until
+    /// [`TestCluster::restart_apiserver`].
+    pub fn stop_apiserver(&self, grace: Duration) -> Result<()> {
+        let mut c = {
+            let mut components = self
+                .components
+                .lock()
+                .map_err(|_| anyhow!("components lock"))?;
+            let i = components
+                .iter()
+                .position(|c| c.name == "kube-apiserver")
+                .ok_or_else(|| anyhow!("kube-apiserver is not running"))?;
+            components.remove(i)
+        };
+        c.stop(grace);
+        if let Ok(mut reaper) = self.reaper.lock()
+            && let Some(reaper) = reaper.as_mut()
+        {
+            let _ = reaper.unwatch(c.pgid);
+        }
+        Ok(())
+    }
+
+    /// Starts kube-apiserver again on the same port, flags and etcd (so with all the
+    /// cluster's objects), and waits until `/readyz` is `ok`.
+    pub async fn restart_apiserver(&self, timeout: Duration) -> Result<()> {
+        if self
+            .components()
+            .iter()
+            .any(|(n, _, _)| n == "kube-apiserver")
+        {
+            bail!("kube-apiserver is already running");
+        }
+        let mut c = self.spawn(
+            "kube-apiserver",
+            self.apiserver_args(self.etcd_port, self.api_port),
+        )?;
+        let deadline = Instant::now() + timeout;
+        while !self.apiserver_ready(self.api_port).await {
+            if let Err(e) = c.ensure_running() {
+                self.discard(c);
+                return Err(e.context("kube-apiserver did not restart"));
+            }
+            if Instant::now() > deadline {
+                let log = c.log.clone();
+                self.discard(c);
+                bail!(
+                    "kube-apiserver not ready within {timeout:?} after a restart; log: {}",
+                    log.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        self.push(c)
     }
 
     async fn wait_default_namespace(&self, timeout: Duration) -> Result<()> {
@@ -726,7 +799,7 @@ impl TestCluster {
             "--leader-elect=false".into(),
             format!("--root-ca-file={}", self.pki.ca_crt.display()),
             // No --service-account-private-key-file: the token controller stays off.
-            "--controllers=*".into(),
+            format!("--controllers={}", self.kcm_controllers),
             "--kube-api-qps=100".into(),
             "--kube-api-burst=200".into(),
         ];
@@ -1015,17 +1088,19 @@ impl TestCluster {
     pub async fn add_nodes(&self, nodes: &GpuNodes) -> Result<Vec<String>> {
         let api: Api<Node> = Api::all(self.client()?);
         let mut names = Vec::with_capacity(nodes.count);
+        let mut objects = Vec::with_capacity(nodes.count);
         for _ in 0..nodes.count {
             let n = self.node_seq.fetch_add(1, Ordering::Relaxed);
             let name = format!("{}-{n}", nodes.name_prefix);
-            let node = nodes.node(&name)?;
-            api.create(&PostParams::default(), &node)
-                .await
-                .with_context(|| format!("creating node {name}"))?;
+            objects.push(nodes.node(&name)?);
             names.push(name);
         }
-        self.wait_nodes_ready(&names, Duration::from_secs(90))
-            .await?;
+        crate::fixtures::create_all(&api, objects, 16).await?;
+        self.wait_nodes_ready(
+            &names,
+            Duration::from_secs(90).max(Duration::from_millis(90 * names.len() as u64)),
+        )
+        .await?;
         Ok(names)
     }
 
@@ -1055,11 +1130,15 @@ impl TestCluster {
             }
             if Instant::now() > deadline {
                 bail!(
-                    "nodes not Ready within {timeout:?}: {missing:?}; see {}",
+                    "{} nodes not Ready within {timeout:?}, e.g. {:?}; see {}",
+                    missing.len(),
+                    &missing[..missing.len().min(10)],
                     self.logs_dir().display()
                 );
             }
-            tokio::time::sleep(Duration::from_millis(250)).await;
+            // Listing a thousand nodes four times a second would load the API server.
+            let pause = if names.len() > 100 { 1000 } else { 250 };
+            tokio::time::sleep(Duration::from_millis(pause)).await;
         }
     }
 

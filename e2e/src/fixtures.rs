@@ -3,8 +3,12 @@
 use std::{future::Future, time::Duration};
 
 use anyhow::{Context, Result, anyhow};
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::Pod, policy::v1::PodDisruptionBudget};
-use kube::{Api, Client, api::ListParams};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{ListParams, PostParams},
+};
 use serde_json::json;
 
 use crate::cluster::GPU_RESOURCE;
@@ -36,6 +40,27 @@ where
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Creates `objects` with up to `concurrency` requests at once (bulk creation of nodes and
+/// pods); fails on the first error, naming the object.
+pub async fn create_all<K>(api: &Api<K>, objects: Vec<K>, concurrency: usize) -> Result<()>
+where
+    K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    futures::stream::iter(objects)
+        .map(|o| async move {
+            let name = o.name_any();
+            api.create(&PostParams::default(), &o)
+                .await
+                .map(|_| ())
+                .with_context(|| format!("creating {} {name}", K::kind(&Default::default())))
+        })
+        .buffer_unordered(concurrency.max(1))
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
 }
 
 /// A Deployment of `replicas` pods labelled `app=<name>`, each asking for `gpus` whole

@@ -24,6 +24,7 @@
 //! when the test binary exits.
 #![forbid(unsafe_code)]
 
+pub mod case;
 pub mod cluster;
 pub mod fixtures;
 pub mod operator;

@@ -42,7 +42,7 @@ use serde_json::{Value, json};
 use crate::{
     cluster::{FIELD_MANAGER, GPU_RESOURCE, GpuNodes, TestCluster, repo_root},
     fixtures::{gpu_deployment, pod_ready, pods, wait_for},
-    process::{log_tail, signal_group},
+    process::{free_port, log_tail, signal_group},
 };
 
 /// The user the operator runs as; bound to the `gpu-defrag` ClusterRole only.
@@ -60,11 +60,15 @@ pub const ROLE_LABEL: &str = "e2e-role";
 
 static BINARY: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
 
-/// `target/debug/gpu-defrag`, built once per test binary (`$CARGO` or `cargo`).
+/// `target/debug/gpu-defrag`, built once per test binary (`$CARGO` or `cargo`), or
+/// `$GPU_DEFRAG_OPERATOR_BIN` if set (e.g. a release build, for the scale figures).
 pub async fn operator_binary() -> Result<PathBuf> {
     tokio::task::spawn_blocking(|| {
         BINARY
             .get_or_init(|| {
+                if let Some(bin) = std::env::var_os("GPU_DEFRAG_OPERATOR_BIN") {
+                    return Ok(PathBuf::from(bin));
+                }
                 let root = repo_root();
                 let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
                 let t0 = Instant::now();
@@ -227,12 +231,14 @@ pub struct Operator {
     stdin: Option<ChildStdin>,
     pgid: u32,
     log: PathBuf,
+    metrics_addr: String,
+    started: Instant,
 }
 
 impl Operator {
     /// Starts the operator for the policies labelled `e2e-test=<selector>`, as
-    /// [`OPERATOR_USER`]; `extra` are more `run` flags. Metrics listen on `127.0.0.1:0` unless
-    /// `extra` has its own `--metrics-addr`. Output goes to
+    /// [`OPERATOR_USER`]; `extra` are more `run` flags. Metrics listen on a free loopback port
+    /// unless `extra` has its own `--metrics-addr` ([`Operator::metrics`]). Output goes to
     /// `<logs>/gpu-defrag-<selector>.log` (appended across restarts).
     pub async fn start(cluster: &TestCluster, selector: &str, extra: &[&str]) -> Result<Self> {
         let bin = operator_binary().await?;
@@ -260,9 +266,21 @@ impl Operator {
         ])
         .arg(&bin)
         .args(["run", "--policy-selector", &format!("{POLICY_LABEL}={selector}")]);
-        if !extra.iter().any(|a| a.starts_with("--metrics-addr")) {
-            cmd.args(["--metrics-addr", "127.0.0.1:0"]);
-        }
+        let given = extra
+            .iter()
+            .position(|a| a.starts_with("--metrics-addr"))
+            .and_then(|i| match extra[i].split_once('=') {
+                Some((_, v)) => Some(v.to_string()),
+                None => extra.get(i + 1).map(|v| v.to_string()),
+            });
+        let metrics_addr = match given {
+            Some(a) => a,
+            None => {
+                let a = format!("127.0.0.1:{}", free_port()?);
+                cmd.args(["--metrics-addr", &a]);
+                a
+            }
+        };
         cmd.args(extra)
             .env("KUBECONFIG", &kubeconfig)
             .env("RUST_LOG", "info")
@@ -278,7 +296,72 @@ impl Operator {
             stdin: child.stdin.take(),
             child: Some(child),
             log,
+            metrics_addr,
+            started: Instant::now(),
         })
+    }
+
+    /// When the process was started (after the build and the RBAC setup).
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// The process id of `gpu-defrag` itself (the group is led by a small `sh`).
+    pub fn pid(&self) -> Option<u32> {
+        let entries = std::fs::read_dir("/proc").ok()?;
+        entries.flatten().find_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // pid (comm) state ppid pgrp …
+            let (head, rest) = stat.rsplit_once(')')?;
+            let comm = head.split_once('(')?.1;
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            (comm == "gpu-defrag" && fields.get(2) == Some(&self.pgid.to_string().as_str()))
+                .then_some(pid)
+        })
+    }
+
+    /// `(VmRSS, VmHWM)` of the operator process in KiB: resident memory now and at its peak.
+    pub fn memory_kib(&self) -> Result<(u64, u64)> {
+        let pid = self.pid().ok_or_else(|| anyhow!("no gpu-defrag process"))?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .with_context(|| format!("reading /proc/{pid}/status"))?;
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .ok_or_else(|| anyhow!("no {name} in /proc/{pid}/status"))
+        };
+        Ok((field("VmRSS:")?, field("VmHWM:")?))
+    }
+
+    /// The `host:port` of its `/metrics`.
+    pub fn metrics_addr(&self) -> &str {
+        &self.metrics_addr
+    }
+
+    /// Its `/metrics` (OpenMetrics text).
+    pub async fn metrics(&self) -> Result<String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let addr = &self.metrics_addr;
+        let fetch = async {
+            let mut s = tokio::net::TcpStream::connect(addr).await?;
+            s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+                .await?;
+            let mut raw = Vec::new();
+            s.read_to_end(&mut raw).await?;
+            Ok::<_, std::io::Error>(raw)
+        };
+        let raw = tokio::time::timeout(Duration::from_secs(10), fetch)
+            .await
+            .map_err(|_| anyhow!("GET http://{addr}/metrics timed out"))?
+            .with_context(|| format!("GET http://{addr}/metrics"))?;
+        let text = String::from_utf8_lossy(&raw);
+        match text.split_once("\r\n\r\n") {
+            Some((head, body)) if head.starts_with("HTTP/1.1 200") => Ok(body.to_string()),
+            _ => bail!("GET http://{addr}/metrics: unexpected answer {text:.200}"),
+        }
     }
 
     /// SIGKILL to the whole group (the operator gets no chance to clean up).
@@ -875,4 +958,35 @@ async fn sample(
         }
     }
     Ok(())
+}
+
+// === metrics ===
+
+/// The sum of the samples of metric `name` (exact series name, e.g.
+/// `gpu_defrag_api_requests_total`) whose labels include every `labels` pair; 0 if none.
+pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, rest) = match series.split_once('{') {
+                Some((n, rest)) => (n, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            if n != name {
+                return None;
+            }
+            let has = |k: &str, v: &str| {
+                rest.split(',').any(|kv| {
+                    kv.split_once('=')
+                        .is_some_and(|(a, b)| a == k && b.trim_matches('"') == v)
+                })
+            };
+            labels
+                .iter()
+                .all(|(k, v)| has(k, v))
+                .then(|| value.parse::<f64>().ok())
+                .flatten()
+        })
+        .sum()
 }

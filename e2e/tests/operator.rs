@@ -17,176 +17,25 @@ use std::{
 
 use chrono::{Datelike, FixedOffset, TimeZone, Utc};
 use gpu_defrag_e2e::{
-    TestCluster, TestNamespace,
-    fixtures::{min_available_pdb, pod_ready, pods, wait_for, wait_ready_pods},
+    case::{Case, QUIET, RUN_TIMEOUT, T, evicted_per_node, has_finished_run},
+    fixtures::{min_available_pdb, pods, wait_for, wait_ready_pods},
     operator::{
-        Operator, PodWatch, Pool, bind_lease_role, create_policy, delete_policy, fences, float_at,
-        fragment, int_at, open_window_every_minute, open_window_this_minute, patch_policy,
-        pod_node, pod_uids, policy_status, str_at, strings_at, wait_deployments_ready, wait_status,
+        Operator, PodWatch, bind_lease_role, create_policy, fences, float_at, fragment, int_at,
+        open_window_every_minute, open_window_this_minute, patch_policy, pod_node, policy_status,
+        str_at, strings_at, wait_deployments_ready, wait_status,
     },
-    shared,
 };
 use k8s_openapi::api::{
-    apps::v1::Deployment,
     coordination::v1::Lease,
     core::v1::{Node, Pod},
     policy::v1::PodDisruptionBudget,
     scheduling::v1::PriorityClass,
 };
 use kube::{
-    Api, Client,
+    Api,
     api::{DeleteParams, ListParams, PostParams},
 };
 use serde_json::{Value, json};
-
-const T: Duration = Duration::from_secs(60);
-const RUN_TIMEOUT: Duration = Duration::from_secs(180);
-/// How long "nothing happens" is watched.
-const QUIET: Duration = Duration::from_secs(15);
-
-/// One test's world: namespace, admin client, node pool; the policy is named after the
-/// namespace.
-struct Case {
-    cluster: &'static TestCluster,
-    ns: TestNamespace,
-    client: Client,
-    pool: Pool,
-}
-
-impl Case {
-    async fn new(prefix: &str, nodes: usize, gpus: u32) -> Self {
-        let cluster = shared().await.expect("local control plane");
-        let ns = cluster.namespace(prefix).await.unwrap();
-        let client = cluster.client().unwrap();
-        let pool = Pool::create(cluster, ns.name(), nodes, gpus).await.unwrap();
-        Case {
-            cluster,
-            ns,
-            client,
-            pool,
-        }
-    }
-
-    fn name(&self) -> &str {
-        self.ns.name()
-    }
-
-    /// A DryRun policy covering exactly this pool and namespace.
-    fn spec(&self, shapes: Value, limits: Value) -> Value {
-        json!({
-            "mode": "DryRun",
-            "nodeSelector": self.pool.selector(),
-            "namespaces": {"include": [self.ns.name()]},
-            "target": {"shapes": shapes, "fromPending": true},
-            "trigger": {"minFragmentRate": 0.1},
-            "limits": limits,
-            "safety": {"minPodAge": "0s", "rescheduleTimeout": "2m"},
-        })
-    }
-
-    fn deployments(&self) -> Api<Deployment> {
-        Api::namespaced(self.client.clone(), self.ns.name())
-    }
-
-    /// Creates a pending `train-8gpu` Deployment (8 GPUs) on the pool and checks that it
-    /// fits nowhere.
-    async fn pending_training_job(&self) {
-        let d = self.pool.deployment("train-8gpu", 1, 8).unwrap();
-        self.deployments()
-            .create(&PostParams::default(), &d)
-            .await
-            .unwrap();
-        wait_for("train-8gpu to be Pending, unschedulable", T, || async {
-            let ps = pods(&self.client, self.ns.name(), "app=train-8gpu").await?;
-            Ok(ps
-                .first()
-                .filter(|p| {
-                    pod_node(p).is_none()
-                        && p.status.as_ref().is_some_and(|s| {
-                            s.conditions.iter().flatten().any(|c| {
-                                c.type_ == "PodScheduled"
-                                    && c.status == "False"
-                                    && c.reason.as_deref() == Some("Unschedulable")
-                            })
-                        })
-                })
-                .map(|_| ()))
-        })
-        .await
-        .unwrap();
-    }
-
-    /// The node of the Running `train-8gpu` pod, once it runs.
-    async fn training_job_running(&self, timeout: Duration) -> String {
-        wait_for("train-8gpu to be Running", timeout, || async {
-            let ps = pods(&self.client, self.ns.name(), "app=train-8gpu").await?;
-            Ok(ps
-                .iter()
-                .find(|p| pod_ready(p))
-                .and_then(|p| pod_node(p).map(str::to_string)))
-        })
-        .await
-        .unwrap()
-    }
-
-    /// Pool nodes carrying any `gpu-defrag.io/draining` fence.
-    async fn fenced_nodes(&self) -> Vec<String> {
-        self.pool.fenced(&self.client).await.unwrap()
-    }
-
-    async fn uids(&self) -> BTreeMap<String, String> {
-        pod_uids(&self.client, self.ns.name()).await.unwrap()
-    }
-
-    /// A DryRun policy for 8-GPU shapes evicting one pod at a time, at most `max_run` per run.
-    async fn one_at_a_time_policy(&self, max_run: i64) {
-        let spec = self.spec(
-            json!([{"gpus": 8}]),
-            json!({"maxEvictionsPerRun": max_run, "maxEvictionsPerNode": 8,
-                   "maxEvictionsPerNamespace": 20, "maxInFlight": 1}),
-        );
-        create_policy(&self.client, self.name(), self.name(), spec)
-            .await
-            .unwrap();
-    }
-
-    /// The active run once it has recorded its first eviction.
-    async fn first_eviction(&self) -> Value {
-        wait_for("the first eviction of the run", RUN_TIMEOUT, || async {
-            let st = policy_status(&self.client, self.name()).await?;
-            Ok(st
-                .get("activeRun")
-                .filter(|a| int_at(a, "/evicted").unwrap_or(0) >= 1)
-                .cloned())
-        })
-        .await
-        .unwrap()
-    }
-
-    async fn cleanup(&self, policies: &[&str]) {
-        for p in policies {
-            delete_policy(&self.client, p).await.unwrap();
-        }
-    }
-}
-
-fn has_finished_run(st: &Value) -> bool {
-    st.get("activeRun").is_none()
-        && st
-            .pointer("/lastRuns/0/finishedAt")
-            .is_some_and(|v| v.is_string())
-}
-
-fn evicted_per_node(run: &Value) -> BTreeMap<String, i64> {
-    run.get("evictedPerNode")
-        .and_then(Value::as_object)
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| (k.clone(), v.as_i64().unwrap_or(0)))
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 /// DryRun: fragmentation and a plan checked server-side are published; nothing evicted,
 /// nothing fenced. This operator also runs with leader election (the Lease Role of

@@ -1,0 +1,174 @@
+//! One e2e test's world on the shared stack: a namespace, an admin client, a kwok node
+//! pool of its own, and a DefragPolicy named after the namespace (labelled so that only
+//! the test's own operator process reconciles it). Used by the operator, fault and churn
+//! tests.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::{Api, Client, api::PostParams};
+use serde_json::{Value, json};
+
+use crate::{
+    cluster::{TestCluster, TestNamespace},
+    fixtures::{pod_ready, pods, wait_for},
+    operator::{Pool, create_policy, delete_policy, int_at, pod_node, pod_uids, policy_status},
+    shared,
+};
+
+/// How long a step of a test may take.
+pub const T: Duration = Duration::from_secs(60);
+/// How long a run may take.
+pub const RUN_TIMEOUT: Duration = Duration::from_secs(180);
+/// How long "nothing happens" is watched.
+pub const QUIET: Duration = Duration::from_secs(15);
+
+/// One test's world: namespace, admin client, node pool; the policy is named after the
+/// namespace.
+pub struct Case {
+    /// The binary's shared stack.
+    pub cluster: &'static TestCluster,
+    /// The test's namespace.
+    pub ns: TestNamespace,
+    /// An admin client.
+    pub client: Client,
+    /// The test's node pool.
+    pub pool: Pool,
+}
+
+impl Case {
+    pub async fn new(prefix: &str, nodes: usize, gpus: u32) -> Self {
+        let cluster = shared().await.expect("local control plane");
+        let ns = cluster.namespace(prefix).await.unwrap();
+        let client = cluster.client().unwrap();
+        let pool = Pool::create(cluster, ns.name(), nodes, gpus).await.unwrap();
+        Case {
+            cluster,
+            ns,
+            client,
+            pool,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        self.ns.name()
+    }
+
+    /// A DryRun policy covering exactly this pool and namespace.
+    pub fn spec(&self, shapes: Value, limits: Value) -> Value {
+        json!({
+            "mode": "DryRun",
+            "nodeSelector": self.pool.selector(),
+            "namespaces": {"include": [self.ns.name()]},
+            "target": {"shapes": shapes, "fromPending": true},
+            "trigger": {"minFragmentRate": 0.1},
+            "limits": limits,
+            "safety": {"minPodAge": "0s", "rescheduleTimeout": "2m"},
+        })
+    }
+
+    pub fn deployments(&self) -> Api<Deployment> {
+        Api::namespaced(self.client.clone(), self.ns.name())
+    }
+
+    /// Creates a pending `train-8gpu` Deployment (8 GPUs) on the pool and checks that it
+    /// fits nowhere.
+    pub async fn pending_training_job(&self) {
+        let d = self.pool.deployment("train-8gpu", 1, 8).unwrap();
+        self.deployments()
+            .create(&PostParams::default(), &d)
+            .await
+            .unwrap();
+        wait_for("train-8gpu to be Pending, unschedulable", T, || async {
+            let ps = pods(&self.client, self.ns.name(), "app=train-8gpu").await?;
+            Ok(ps
+                .first()
+                .filter(|p| {
+                    pod_node(p).is_none()
+                        && p.status.as_ref().is_some_and(|s| {
+                            s.conditions.iter().flatten().any(|c| {
+                                c.type_ == "PodScheduled"
+                                    && c.status == "False"
+                                    && c.reason.as_deref() == Some("Unschedulable")
+                            })
+                        })
+                })
+                .map(|_| ()))
+        })
+        .await
+        .unwrap();
+    }
+
+    /// The node of the Running `train-8gpu` pod, once it runs.
+    pub async fn training_job_running(&self, timeout: Duration) -> String {
+        wait_for("train-8gpu to be Running", timeout, || async {
+            let ps = pods(&self.client, self.ns.name(), "app=train-8gpu").await?;
+            Ok(ps
+                .iter()
+                .find(|p| pod_ready(p))
+                .and_then(|p| pod_node(p).map(str::to_string)))
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Pool nodes carrying any `gpu-defrag.io/draining` fence.
+    pub async fn fenced_nodes(&self) -> Vec<String> {
+        self.pool.fenced(&self.client).await.unwrap()
+    }
+
+    pub async fn uids(&self) -> BTreeMap<String, String> {
+        pod_uids(&self.client, self.ns.name()).await.unwrap()
+    }
+
+    /// A DryRun policy for 8-GPU shapes evicting one pod at a time, at most `max_run` per run.
+    pub async fn one_at_a_time_policy(&self, max_run: i64) {
+        let spec = self.spec(
+            json!([{"gpus": 8}]),
+            json!({"maxEvictionsPerRun": max_run, "maxEvictionsPerNode": 8,
+                   "maxEvictionsPerNamespace": 20, "maxInFlight": 1}),
+        );
+        create_policy(&self.client, self.name(), self.name(), spec)
+            .await
+            .unwrap();
+    }
+
+    /// The active run once it has recorded its first eviction.
+    pub async fn first_eviction(&self) -> Value {
+        wait_for("the first eviction of the run", RUN_TIMEOUT, || async {
+            let st = policy_status(&self.client, self.name()).await?;
+            Ok(st
+                .get("activeRun")
+                .filter(|a| int_at(a, "/evicted").unwrap_or(0) >= 1)
+                .cloned())
+        })
+        .await
+        .unwrap()
+    }
+
+    pub async fn cleanup(&self, policies: &[&str]) {
+        for p in policies {
+            delete_policy(&self.client, p).await.unwrap();
+        }
+    }
+}
+
+/// Whether the status shows no active run and a finished last run.
+pub fn has_finished_run(st: &Value) -> bool {
+    st.get("activeRun").is_none()
+        && st
+            .pointer("/lastRuns/0/finishedAt")
+            .is_some_and(|v| v.is_string())
+}
+
+/// `evictedPerNode` of a run record.
+pub fn evicted_per_node(run: &Value) -> BTreeMap<String, i64> {
+    run.get("evictedPerNode")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_i64().unwrap_or(0)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
