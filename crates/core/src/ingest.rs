@@ -952,9 +952,36 @@ fn trunc(s: &str) -> String {
 
 /// Builds the normalised cluster. `now` is the instant ages are measured from.
 pub fn build_cluster(objs: &Objects, now: Option<DateTime<Utc>>) -> Cluster {
+    build_cluster_from(
+        ObjectRefs {
+            nodes: objs.nodes.iter().collect(),
+            pods: objs.pods.iter().collect(),
+            pdbs: objs.pdbs.iter().collect(),
+            devices: &objs.devices,
+        },
+        now,
+    )
+}
+
+/// Borrowed [`Objects`]: what a watch cache holds (`Arc`s), without copying the objects.
+#[derive(Debug, Default)]
+pub struct ObjectRefs<'a> {
+    /// Nodes.
+    pub nodes: Vec<&'a corev1::Node>,
+    /// Pods.
+    pub pods: Vec<&'a corev1::Pod>,
+    /// PodDisruptionBudgets.
+    pub pdbs: Vec<&'a PodDisruptionBudget>,
+    /// Koordinator `Device` objects (raw JSON).
+    pub devices: &'a [serde_json::Value],
+}
+
+/// [`build_cluster`] from borrowed objects (the operator's caches: a copy of 6,000 pods per
+/// reconcile would double its memory).
+pub fn build_cluster_from(objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) -> Cluster {
     // Koordinator Device objects by node name.
     let mut koord: HashMap<String, Result<Vec<formats::KoordDevice>, FormatError>> = HashMap::new();
-    for d in &objs.devices {
+    for d in objs.devices {
         match formats::parse_koord_device_object(d) {
             Ok((name, devs)) => {
                 koord.insert(name, Ok(devs));
@@ -969,6 +996,7 @@ pub fn build_cluster(objs: &Objects, now: Option<DateTime<Utc>>) -> Cluster {
     let mut built: Vec<(Node, NodeCtx)> = objs
         .nodes
         .iter()
+        .copied()
         .filter(|n| n.metadata.name.as_deref().is_some_and(|s| !s.is_empty()))
         .map(|n| {
             let name = n.metadata.name.as_deref().unwrap_or_default();
@@ -981,7 +1009,7 @@ pub fn build_cluster(objs: &Objects, now: Option<DateTime<Utc>>) -> Cluster {
 
     let mut pods = Vec::with_capacity(objs.pods.len());
     let mut kai: Vec<(usize, String, Milli)> = Vec::new(); // (pod index, group, milli)
-    for p in &objs.pods {
+    for &p in &objs.pods {
         let (mut pod, req) = base_pod(p, &nodes);
         let empty = BTreeMap::new();
         let annotations = p.metadata.annotations.as_ref().unwrap_or(&empty);
@@ -1016,7 +1044,7 @@ pub fn build_cluster(objs: &Objects, now: Option<DateTime<Utc>>) -> Cluster {
         pods.push(pod);
     }
     apply_uses(&mut nodes, &mut pods, &kai);
-    let pdbs = objs.pdbs.iter().map(pdb_of).collect();
+    let pdbs = objs.pdbs.iter().copied().map(pdb_of).collect();
     let mut c = Cluster {
         nodes,
         pods,

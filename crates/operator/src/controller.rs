@@ -13,7 +13,7 @@ use futures::StreamExt;
 use gpu_defrag_api::v1alpha1::{DefragPolicy, DefragPolicyStatus, DryRunCheck, Mode, RunRecord};
 use gpu_defrag_api::{DRAINING_TAINT, FIELD_MANAGER};
 use gpu_defrag_core::frag;
-use gpu_defrag_core::ingest::{self, Objects};
+use gpu_defrag_core::ingest;
 use gpu_defrag_core::model::{Activity, Cluster};
 use gpu_defrag_core::plan::{self, History, Plan};
 use gpu_defrag_core::policy::Policy;
@@ -105,14 +105,18 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    /// Current objects from the stores.
-    pub fn objects(&self) -> Objects {
-        Objects {
-            nodes: self.nodes.state().iter().map(|n| (**n).clone()).collect(),
-            pods: self.pods.state().iter().map(|p| (**p).clone()).collect(),
-            pdbs: self.pdbs.state().iter().map(|p| (**p).clone()).collect(),
-            devices: Vec::new(),
-        }
+    /// The cluster model of the stores' current objects, built without copying them.
+    pub fn cluster(&self, now: Option<DateTime<Utc>>) -> Cluster {
+        let (nodes, pods, pdbs) = (self.nodes.state(), self.pods.state(), self.pdbs.state());
+        ingest::build_cluster_from(
+            ingest::ObjectRefs {
+                nodes: nodes.iter().map(|n| n.as_ref()).collect(),
+                pods: pods.iter().map(|p| p.as_ref()).collect(),
+                pdbs: pdbs.iter().map(|p| p.as_ref()).collect(),
+                devices: &[],
+            },
+            now,
+        )
     }
 
     /// The last good GPU activity answer, if `--prometheus-url` is set and Prometheus gave
@@ -378,8 +382,7 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
     let (policy, windows) = (policy.expect("checked"), windows.expect("checked"));
 
     // Observe and compute (pure).
-    let objs = ctx.objects();
-    let cluster = ingest::build_cluster(&objs, Some(now));
+    let cluster = ctx.cluster(Some(now));
     let report = frag::report(&cluster, &policy);
     let measured = ctx.idle_measured();
     let idle = ctx
@@ -735,7 +738,13 @@ pub async fn run(
     let (tx, rx) = tokio::sync::mpsc::channel::<()>(1);
     let cfg = watcher::Config::default().any_semantic();
     let node_stream = watcher(Api::<Node>::all(client.clone()), cfg.clone())
-        .modify(|n: &mut Node| n.metadata.managed_fields = None)
+        .modify(|n: &mut Node| {
+            n.metadata.managed_fields = None;
+            // Image lists are the bulk of a real node object; the model never reads them.
+            if let Some(st) = n.status.as_mut() {
+                st.images = None;
+            }
+        })
         .default_backoff()
         .reflect(nodes_w)
         .touched_objects();
@@ -934,6 +943,7 @@ pub fn draining_taint(policy: &str) -> serde_json::Value {
 mod tests {
     use super::*;
     use gpu_defrag_api::v1alpha1::DefragPolicySpec;
+    use gpu_defrag_core::ingest::Objects;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn policy(name: &str, created: i64, selector: serde_json::Value) -> Arc<DefragPolicy> {

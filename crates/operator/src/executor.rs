@@ -227,11 +227,12 @@ fn pods_of_owner(ctx: &Ctx, ns: &str, owner: &(String, String)) -> Vec<Arc<Pod>>
 }
 
 fn pending_gpu_pods(ctx: &Ctx, policy: &Policy) -> usize {
-    let objs = ingest::Objects {
-        pods: ctx.pods.state().iter().map(|p| (**p).clone()).collect(),
+    let pods = ctx.pods.state();
+    let objs = ingest::ObjectRefs {
+        pods: pods.iter().map(|p| p.as_ref()).collect(),
         ..Default::default()
     };
-    let c = ingest::build_cluster(&objs, None);
+    let c = ingest::build_cluster_from(objs, None);
     c.pods
         .iter()
         .filter(|p| {
@@ -263,7 +264,7 @@ async fn run(
 
     // Plan on fresh caches, with what the run already did (resume).
     let now = Utc::now();
-    let cluster = ingest::build_cluster(&ctx.objects(), Some(now));
+    let cluster = ctx.cluster(Some(now));
     let before = frag::report(&cluster, &policy);
     let history = history_of(resume.as_ref());
     // The same ranking as the plan in status: long-idle pods are cheaper to move.
@@ -471,7 +472,7 @@ async fn run(
     for n in &fenced {
         remove_taint(&ctx, n, &name).await?;
     }
-    let after_cluster = ingest::build_cluster(&ctx.objects(), Some(Utc::now()));
+    let after_cluster = ctx.cluster(Some(Utc::now()));
     let after = frag::report(&after_cluster, &policy);
     rec.fragment_rate_after = Some(after.fragment_rate);
     rec.fully_free_gpus_after = Some(after.fully_free_gpus as i64);
