@@ -12,7 +12,10 @@ use serde_json::{Value, json};
 use crate::{
     cluster::{TestCluster, TestNamespace},
     fixtures::{pod_ready, pods, wait_for},
-    operator::{Pool, create_policy, delete_policy, int_at, pod_node, pod_uids, policy_status},
+    operator::{
+        Pool, create_policy, delete_policy, int_at, open_window_this_minute, patch_policy,
+        pod_node, pod_uids, policy_status, wait_status,
+    },
     shared,
 };
 
@@ -131,6 +134,28 @@ impl Case {
         create_policy(&self.client, self.name(), self.name(), spec)
             .await
             .unwrap();
+    }
+
+    /// The plan's `totalMoves` once the operator has published a non-empty dry-run plan.
+    pub async fn planned_moves(&self) -> i64 {
+        let st = wait_status(&self.client, self.name(), "a dry-run plan", T, |s| {
+            int_at(s, "/plan/totalMoves").unwrap_or(0) > 0
+        })
+        .await
+        .unwrap();
+        int_at(&st, "/plan/totalMoves").unwrap()
+    }
+
+    /// Switches the policy to Enforce in a window that opened this minute (open for the
+    /// hour, with the same end across restarts).
+    pub async fn enforce_now(&self) {
+        patch_policy(
+            &self.client,
+            self.name(),
+            json!({"mode": "Enforce", "windows": [open_window_this_minute()]}),
+        )
+        .await
+        .unwrap();
     }
 
     /// The active run once it has recorded its first eviction.

@@ -680,6 +680,22 @@ pub fn pod_app(p: &Pod) -> &str {
         .unwrap_or("")
 }
 
+/// Labels a Deployment and its pods `e2e-role=<role>`.
+pub fn with_role(mut d: Deployment, role: &str) -> Result<Deployment> {
+    for labels in [
+        d.metadata.labels.get_or_insert_with(Default::default),
+        d.spec
+            .template
+            .metadata
+            .as_mut()
+            .and_then(|m| m.labels.as_mut())
+            .ok_or_else(|| anyhow!("no template labels"))?,
+    ] {
+        labels.insert(ROLE_LABEL.to_string(), role.to_string());
+    }
+    Ok(d)
+}
+
 /// Fragments `pool` the way `make demo` does: fills every free GPU of the pool with
 /// single-replica 1-GPU Deployments `infer-NN` (labelled `e2e-role=infer`), waits until
 /// they run, then deletes Deployments until node `i` of the pool holds `keep[i]` of them.
@@ -707,18 +723,7 @@ pub async fn fragment(
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
     for i in 0..free {
         let name = format!("infer-{i:02}");
-        let mut d = pool.deployment(&name, 1, 1)?;
-        for labels in [
-            d.metadata.labels.get_or_insert_with(Default::default),
-            d.spec
-                .template
-                .metadata
-                .as_mut()
-                .and_then(|m| m.labels.as_mut())
-                .ok_or_else(|| anyhow!("no template labels"))?,
-        ] {
-            labels.insert(ROLE_LABEL.to_string(), "infer".to_string());
-        }
+        let d = with_role(pool.deployment(&name, 1, 1)?, "infer")?;
         deployments
             .create(&PostParams::default(), &d)
             .await

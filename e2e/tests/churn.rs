@@ -31,8 +31,8 @@ use gpu_defrag_e2e::{
     case::{Case, RUN_TIMEOUT, T, has_finished_run},
     fixtures::{pod_ready, pods, wait_for},
     operator::{
-        Operator, PodWatch, ROLE_LABEL, fragment, int_at, open_window_this_minute, patch_policy,
-        pod_app, str_at, strings_at, wait_status,
+        Operator, PodWatch, ROLE_LABEL, fragment, int_at, pod_app, str_at, strings_at, wait_status,
+        with_role,
     },
 };
 use k8s_openapi::api::{apps::v1::Deployment, policy::v1::PodDisruptionBudget};
@@ -135,18 +135,7 @@ async fn churn(c: &Case, stop: Arc<AtomicBool>, t0: Instant) -> (usize, usize, V
         // Grow to CHURN_ALIVE, then alternate: delete the oldest, create a new one.
         if alive.len() < CHURN_ALIVE && (n % 2 == 0 || alive.is_empty()) {
             let name = format!("churn-{created:03}");
-            let mut d = c.pool.deployment(&name, 1, 1).unwrap();
-            for labels in [
-                d.metadata.labels.get_or_insert_with(Default::default),
-                d.spec
-                    .template
-                    .metadata
-                    .as_mut()
-                    .and_then(|m| m.labels.as_mut())
-                    .unwrap(),
-            ] {
-                labels.insert(ROLE_LABEL.to_string(), "churn".to_string());
-            }
+            let d = with_role(c.pool.deployment(&name, 1, 1).unwrap(), "churn").unwrap();
             deployments
                 .create(&PostParams::default(), &d)
                 .await
@@ -222,12 +211,7 @@ async fn churn_during_a_run_loses_no_pod_and_violates_no_pdb() {
         .await
         .unwrap();
     let op = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
-    let st = wait_status(&c.client, c.name(), "a dry-run plan", T, |s| {
-        int_at(s, "/plan/totalMoves").unwrap_or(0) > 0
-    })
-    .await
-    .unwrap();
-    let planned = int_at(&st, "/plan/totalMoves").unwrap();
+    let planned = c.planned_moves().await;
 
     // Start sampling and churning, then open the window.
     let watch = PodWatch::start(&c.client, c.name(), &c.pool, c.name())
@@ -259,13 +243,7 @@ async fn churn_during_a_run_loses_no_pod_and_violates_no_pdb() {
     let run = async {
         tokio::time::sleep(Duration::from_secs(5)).await;
         let enforced = t0.elapsed();
-        patch_policy(
-            &c.client,
-            c.name(),
-            json!({"mode": "Enforce", "windows": [open_window_this_minute()]}),
-        )
-        .await
-        .unwrap();
+        c.enforce_now().await;
         let st = wait_status(
             &c.client,
             c.name(),
@@ -377,7 +355,8 @@ async fn churn_during_a_run_loses_no_pod_and_violates_no_pdb() {
         "{evicted_pods:?}"
     );
     eprintln!(
-        "E2E-FIGURE churn: run {result}, {evicted} evictions (planned {planned}, blocked {}) while {created} churn Deployments were created and {deleted} deleted in {churn_secs:.0}s ({during} changes during the {:.1}s from Enforce to the run's end); {samples}+ samples per PDB group, groups that dipped {dipped:?}, lowest Ready per group {lowest:?} (minAvailable {MIN_AVAILABLE} of {size}); 0 violations",
+        "E2E-FIGURE churn: run {result}, {evicted} evictions (the run planned {}, the dry run before it {planned}; blocked {}) while {created} churn Deployments were created and {deleted} deleted in {churn_secs:.0}s ({during} changes during the {:.1}s from Enforce to the run's end); {samples}+ samples per PDB group, groups that dipped {dipped:?}, lowest Ready per group {lowest:?} (minAvailable {MIN_AVAILABLE} of {size}); 0 violations",
+        int_at(&run, "/planned").unwrap_or(0),
         int_at(&run, "/blocked").unwrap_or(0),
         (finished - enforced).as_secs_f64(),
     );

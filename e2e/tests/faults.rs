@@ -18,13 +18,12 @@ use gpu_defrag_e2e::{
     case::{Case, RUN_TIMEOUT, T, has_finished_run},
     fixtures::{pods, wait_for},
     operator::{
-        Operator, PodWatch, fragment, int_at, metric_sum, open_window_this_minute, patch_policy,
-        str_at, wait_deployments_ready, wait_status,
+        Operator, PodWatch, fragment, int_at, metric_sum, str_at, wait_deployments_ready,
+        wait_status,
     },
 };
 use k8s_openapi::api::core::v1::Event;
 use kube::{Api, api::ListParams};
-use serde_json::json;
 
 /// How long the API server stays down.
 const OUTAGE: Duration = Duration::from_secs(10);
@@ -38,22 +37,11 @@ async fn apiserver_restart_mid_run_loses_no_pod_and_leaves_no_fence() {
     let max_run = 8;
     c.one_at_a_time_policy(max_run).await;
     let op = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
-    let st = wait_status(&c.client, c.name(), "a dry-run plan", T, |s| {
-        int_at(s, "/plan/totalMoves").unwrap_or(0) > 0
-    })
-    .await
-    .unwrap();
-    let planned = int_at(&st, "/plan/totalMoves").unwrap();
+    let planned = c.planned_moves().await;
     let watch = PodWatch::start(&c.client, c.name(), &c.pool, c.name())
         .await
         .unwrap();
-    patch_policy(
-        &c.client,
-        c.name(),
-        json!({"mode": "Enforce", "windows": [open_window_this_minute()]}),
-    )
-    .await
-    .unwrap();
+    c.enforce_now().await;
     let active = c.first_eviction().await;
     let run_id = str_at(&active, "/id").unwrap().to_string();
 
