@@ -781,6 +781,32 @@ pub fn run(
         }
         other => anyhow::bail!("unknown planner {other:?} (one of {})", PLANNERS.join(", ")),
     };
+    measure(name, c, policy, budget, ch, t0)
+}
+
+/// gpu-defrag given the policy with an 8-GPU shape of weight `w` added
+/// ([`with_whole_node_shape`]), measured like every other row (the policy's own shapes):
+/// one point of the trade-off between fragment drop and whole free 8-GPU nodes.
+pub fn run_whole_node_weight(
+    c: &Cluster,
+    policy: &Policy,
+    budget: usize,
+    w: f64,
+) -> anyhow::Result<Result> {
+    let t0 = Instant::now();
+    let ch = choose_gpu_defrag(c, &with_whole_node_shape(policy, w));
+    measure(&format!("gpu-defrag-8gpu@{w}"), c, policy, budget, ch, t0)
+}
+
+/// Re-places a choice's evictions and measures the result with `policy`'s shapes.
+fn measure(
+    name: &str,
+    c: &Cluster,
+    policy: &Policy,
+    budget: usize,
+    ch: Choice,
+    t0: Instant,
+) -> anyhow::Result<Result> {
     let plan_millis = t0.elapsed().as_secs_f64() * 1000.0;
     anyhow::ensure!(
         ch.evicted.len() <= budget,

@@ -133,6 +133,10 @@ enum Cmd {
         /// Also write every run's JSON lines to this file.
         #[arg(long)]
         raw: Option<PathBuf>,
+        /// Weights of an 8-GPU shape added to gpu-defrag's policy (comma-separated): one
+        /// more run each, and a table of fragment drop against free 8-GPU nodes.
+        #[arg(long, value_delimiter = ',')]
+        whole_node_weights: Vec<f64>,
     },
     /// Time the planner on a large synthetic cluster built directly as a model.
     Scale {
@@ -211,6 +215,7 @@ fn main() -> anyhow::Result<()> {
             budget,
             hnu_threshold,
             raw,
+            whole_node_weights,
         } => {
             let dir = trace::resolve_dir(trace.as_deref());
             let md = matrix::run(&matrix::MatrixArgs {
@@ -222,6 +227,7 @@ fn main() -> anyhow::Result<()> {
                 budget,
                 hnu_threshold,
                 raw,
+                whole_node_weights,
             })?;
             print!("{md}");
         }

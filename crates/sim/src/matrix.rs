@@ -27,6 +27,9 @@ pub struct MatrixArgs {
     pub hnu_threshold: f64,
     /// Raw JSON lines output.
     pub raw: Option<PathBuf>,
+    /// Weights of an 8-GPU shape added to gpu-defrag's policy, one run each: the
+    /// trade-off table between fragment drop and free 8-GPU nodes (empty: no table).
+    pub whole_node_weights: Vec<f64>,
 }
 
 /// Median of a list (mean of the two middle values for even lengths); 0 when empty.
@@ -56,6 +59,7 @@ pub fn run(a: &MatrixArgs) -> anyhow::Result<String> {
     )?;
     writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")?;
     let mut verdicts = Vec::new();
+    let mut tradeoff = String::new();
     let total = a.workloads.len() as u64 * a.seeds;
     let mut done = 0;
     let t0 = Instant::now();
@@ -63,6 +67,7 @@ pub fn run(a: &MatrixArgs) -> anyhow::Result<String> {
         let tr = trace::load(&a.dir, w)?;
         let mut rows: Vec<Vec<bench::Result>> = vec![Vec::new(); bench::PLANNERS.len()];
         let mut bounds = Vec::new();
+        let mut weighted: Vec<Vec<bench::Result>> = vec![Vec::new(); a.whole_node_weights.len()];
         for seed in 1..=a.seeds {
             let (c, summary) = scenario::build(
                 &tr,
@@ -81,6 +86,11 @@ pub fn run(a: &MatrixArgs) -> anyhow::Result<String> {
             for (i, name) in bench::PLANNERS.iter().enumerate() {
                 let r = bench::run(name, &c, &policy, budget, a.hnu_threshold)?;
                 rows[i].push(r.clone());
+                results.push(r);
+            }
+            for (i, wt) in a.whole_node_weights.iter().enumerate() {
+                let r = bench::run_whole_node_weight(&c, &policy, budget, *wt)?;
+                weighted[i].push(r.clone());
                 results.push(r);
             }
             if let Some(f) = raw.as_mut() {
@@ -126,6 +136,26 @@ pub fn run(a: &MatrixArgs) -> anyhow::Result<String> {
                 med(i, &|r| r.pending_after as f64),
                 med(i, &|r| r.plan_millis),
             )?;
+        }
+        let baselines: Vec<Point> = bench::BASELINES
+            .map(|i| Point {
+                name: bench::PLANNERS[i],
+                drop: med(i, &drop),
+                nodes: med(i, &|r| r.fully_free8_gpu_nodes_after as f64),
+            })
+            .collect();
+        for (i, wt) in a.whole_node_weights.iter().enumerate() {
+            let p = Point {
+                name: "",
+                drop: median(weighted[i].iter().map(drop).collect()),
+                nodes: median(
+                    weighted[i]
+                        .iter()
+                        .map(|r| r.fully_free8_gpu_nodes_after as f64)
+                        .collect(),
+                ),
+            };
+            tradeoff_row(&mut tradeoff, w, *wt, &p, &baselines)?;
         }
         let bm = |f: &dyn Fn(&bench::Bound) -> f64| median(bounds.iter().map(f).collect());
         let before = med(0, &|r| r.fragment_rate_before);
@@ -189,12 +219,122 @@ pub fn run(a: &MatrixArgs) -> anyhow::Result<String> {
         md.push_str(&v);
         md.push('\n');
     }
+    if !a.whole_node_weights.is_empty() {
+        md.push_str(TRADEOFF_HEAD);
+        md.push_str(&tradeoff);
+    }
     Ok(md)
+}
+
+const TRADEOFF_HEAD: &str = "
+### Fragment drop against whole free 8-GPU nodes
+
+gpu-defrag with an 8-GPU shape of weight *w* added to the derived shapes (the others
+scaled to 1 − *w*), each measured with the derived shapes like every row above.
+*beats on both counts*: the baselines whose drop it reaches or exceeds while freeing
+more 8-GPU nodes; *best of both*: its drop reaches the best baseline's and it frees more
+8-GPU nodes than the best baseline.
+
+| workload | w | drop (pp) | drop vs best baseline | free 8-GPU nodes after | beats on both counts | best of both |
+|---|---:|---:|---:|---:|---|---|
+";
+
+/// A planner's median drop and free 8-GPU nodes.
+struct Point {
+    name: &'static str,
+    drop: f64,
+    nodes: f64,
+}
+
+/// One row of the trade-off table.
+fn tradeoff_row(
+    md: &mut String,
+    workload: &str,
+    w: f64,
+    p: &Point,
+    baselines: &[Point],
+) -> std::fmt::Result {
+    let best_drop = baselines.iter().map(|b| b.drop).fold(0.0, f64::max);
+    let best_nodes = baselines.iter().map(|b| b.nodes).fold(0.0, f64::max);
+    let ratio = if best_drop > 0.0 {
+        format!("{:.2}×", p.drop / best_drop)
+    } else {
+        String::new()
+    };
+    let beaten: Vec<&str> = baselines
+        .iter()
+        .filter(|b| p.drop >= b.drop && p.nodes > b.nodes)
+        .map(|b| b.name)
+        .collect();
+    let beaten = if beaten.is_empty() {
+        "—".to_string()
+    } else {
+        beaten.join(", ")
+    };
+    let both = if p.drop >= best_drop && p.nodes > best_nodes {
+        "yes"
+    } else {
+        "no"
+    };
+    writeln!(
+        md,
+        "| {workload} | {w} | {:.2} | {ratio} | {:.0} | {beaten} | {both} |",
+        100.0 * p.drop,
+        p.nodes
+    )
 }
 
 #[cfg(test)]
 mod tests {
-    use super::median;
+    use super::{Point, median, tradeoff_row};
+
+    #[test]
+    fn tradeoff_rows_name_the_baselines_beaten_on_both_counts() {
+        let baselines = [
+            Point {
+                name: "hnu",
+                drop: 0.04,
+                nodes: 26.0,
+            },
+            Point {
+                name: "fgd",
+                drop: 0.06,
+                nodes: 1.0,
+            },
+        ];
+        let row = |drop, nodes| {
+            let mut md = String::new();
+            tradeoff_row(
+                &mut md,
+                "w",
+                0.1,
+                &Point {
+                    name: "",
+                    drop,
+                    nodes,
+                },
+                &baselines,
+            )
+            .unwrap();
+            md
+        };
+        assert_eq!(
+            row(0.05, 30.0),
+            "| w | 0.1 | 5.00 | 0.83× | 30 | hnu | no |\n"
+        );
+        assert_eq!(
+            row(0.06, 2.0),
+            "| w | 0.1 | 6.00 | 1.00× | 2 | fgd | no |\n"
+        );
+        assert_eq!(
+            row(0.07, 27.0),
+            "| w | 0.1 | 7.00 | 1.17× | 27 | hnu, fgd | yes |\n"
+        );
+        assert_eq!(
+            row(0.03, 26.0),
+            "| w | 0.1 | 3.00 | 0.50× | 26 | — | no |\n"
+        );
+    }
 
     #[test]
     fn medians() {
