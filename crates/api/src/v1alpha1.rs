@@ -594,7 +594,8 @@ pub struct RunRecord {
     pub bounced: i64,
     /// Evictions that failed otherwise.
     pub failed: i64,
-    /// `namespace/name` of pods evicted so far (bounded), so a restart never repeats one.
+    /// `namespace/name` of every pod evicted so far, so a restart never repeats one (the
+    /// active run's record stays under 48 KiB; a finished run keeps the first 20).
     #[serde(default)]
     pub evicted_pods: Vec<String>,
     /// Evictions so far per source node (limits hold across a restart).

@@ -174,6 +174,36 @@ pub struct Plan {
     pub pending_served: Vec<String>,
 }
 
+impl Plan {
+    /// The plan cut to its first `n` batches: the moves of those batches, their fences,
+    /// and the totals expected after the last one kept. Skipped counts stay; the pending
+    /// pods served are only known for the whole plan, so a cut plan lists none.
+    pub fn first_batches(&self, n: usize) -> Plan {
+        if n >= self.batches.len() {
+            return self.clone();
+        }
+        let batches = self.batches[..n].to_vec();
+        let moves = self.moves.iter().filter(|m| m.batch < n).cloned().collect();
+        let fenced_nodes = batches
+            .iter()
+            .filter(|b| b.kind != UnitKind::Gpu)
+            .map(|b| b.node.clone())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        Plan {
+            before: self.before,
+            after: batches.last().map_or(self.before, |b| b.after),
+            moves,
+            batches,
+            skipped: self.skipped.clone(),
+            shapes: self.shapes.clone(),
+            fenced_nodes,
+            pending_served: Vec::new(),
+        }
+    }
+}
+
 /// Whether a pod may be moved at all (independent of the plan), or why not.
 pub fn movable(
     pod: &Pod,

@@ -435,6 +435,34 @@ proptest! {
     }
 
     #[test]
+    fn a_plan_cut_to_its_first_batches_is_a_plan_of_whole_units(cs in case(), k in 0usize..6) {
+        let (c, pol) = build(&cs);
+        let full = plan(&c, &pol, None, &History::default());
+        let cut = full.first_batches(k);
+        let n = k.min(full.batches.len());
+        prop_assert_eq!(cut.batches.len(), n);
+        prop_assert_eq!(&cut.moves[..], &full.moves[..cut.moves.len()], "a prefix");
+        prop_assert_eq!(cut.moves.len(), full.batches[..n].iter().map(|b| b.moves).sum::<usize>());
+        // Fences: exactly the nodes of the node and group units kept.
+        let want: BTreeSet<&str> = cut
+            .batches
+            .iter()
+            .filter(|b| b.kind != UnitKind::Gpu)
+            .map(|b| b.node.as_str())
+            .collect();
+        prop_assert_eq!(cut.fenced_nodes.iter().map(String::as_str).collect::<BTreeSet<_>>(), want);
+        // What is expected after it is what applying it gives.
+        let after = apply(&c, &cut);
+        let t = frag::totals(&after, &Capacity::of(&after), &pol.scope, &cut.shapes);
+        prop_assert!((t.fragment_milli - cut.after.fragment_milli).abs() < 1e-3 * (1.0 + t.fragment_milli));
+        if n == full.batches.len() {
+            prop_assert_eq!(&cut, &full);
+        } else {
+            check_plan(&c, &pol, &cut)?;
+        }
+    }
+
+    #[test]
     fn history_counts_against_the_limits(cs in case(), done in 0u32..4) {
         let (c, pol) = build(&cs);
         let mut h = History::default();

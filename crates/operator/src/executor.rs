@@ -31,7 +31,7 @@ use tracing::{info, warn};
 use crate::controller::{
     Ctx, EXECUTOR_MANAGER, Error, RunHandle, history_of, patch_status, pod_ready, ts,
 };
-use crate::status::{self, MAX_LAST_RUNS, MAX_RECORDED_PODS};
+use crate::status::{self, MAX_LAST_RUNS};
 
 /// How often waits poll the caches.
 const POLL: Duration = Duration::from_millis(500);
@@ -271,7 +271,7 @@ async fn run(
     let measured = ctx.idle_measured();
     let no_activity = gpu_defrag_core::model::Activity::default();
     let activity = measured.as_ref().map_or(&no_activity, |m| &m.activity);
-    let plan = plan::plan_with_activity(&cluster, &policy, Some(now), &history, activity);
+    let mut plan = plan::plan_with_activity(&cluster, &policy, Some(now), &history, activity);
     let mut rec = resume.clone().unwrap_or_else(|| RunRecord {
         id: format!("{}-{}", name, now.format("%Y%m%dt%H%M%S")),
         started_at: ts(now),
@@ -282,6 +282,32 @@ async fn run(
         fully_free_gpus_before: before.fully_free_gpus as i64,
         ..Default::default()
     });
+    // The record lists every pod the run evicts: a plan too large for it is cut to the
+    // whole units that fit, and the run says so (the rest waits for the next window).
+    let fit = status::batches_within_record(&rec, &plan);
+    let cut = (fit < plan.batches.len()).then(|| {
+        let all = plan.moves.len();
+        plan = plan.first_batches(fit);
+        if resume.is_none() {
+            rec.planned = plan.moves.len() as i64;
+        }
+        format!(
+            "plan cut to {} of {all} evictions ({fit} of its batches) so that the run record stays under {} KiB",
+            plan.moves.len(),
+            status::MAX_ACTIVE_RUN_BYTES / 1024
+        )
+    });
+    if let Some(why) = &cut {
+        warn!(policy = %name, "{why}");
+        ctx.event(
+            &dp,
+            EventType::Warning,
+            "PlanCut",
+            format!("run {}: {why}", rec.id),
+            None,
+        )
+        .await;
+    }
     let fenced: BTreeSet<String> = rec
         .fenced_nodes
         .iter()
@@ -380,9 +406,7 @@ async fn run(
         // eviction too many against the limits, never one too few.
         let undo = rec.clone();
         rec.evicted += 1;
-        if rec.evicted_pods.len() < MAX_RECORDED_PODS {
-            rec.evicted_pods.push(m.pod.clone());
-        }
+        rec.evicted_pods.push(m.pod.clone());
         *rec.evicted_per_node.entry(m.from_node.clone()).or_default() += 1;
         write_runs(&ctx, &name, Some(&rec), &last_runs).await?;
         let outcome = evict_api(ns).evict(pod_name, &EvictParams::default()).await;
@@ -495,6 +519,10 @@ async fn run(
         None => ("Succeeded", "every planned move done".to_string()),
     };
     rec.result = result.into();
+    let msg = match &cut {
+        Some(why) => format!("{msg}; {why}"),
+        None => msg,
+    };
     rec.message = format!(
         "{msg}; evicted {}, blocked {}, bounced {}, failed {}; fragment rate {:.3} → {:.3}, fully free GPUs {} → {}",
         rec.evicted,

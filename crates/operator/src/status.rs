@@ -19,9 +19,11 @@ pub const MAX_STATUS_BYTES: usize = 256 * 1024;
 pub const MAX_STATUS_MOVES: usize = 50;
 /// Runs kept in `lastRuns`.
 pub const MAX_LAST_RUNS: usize = 5;
-/// Evicted pod names kept in the active run record (its `evicted` counts them all); the
-/// names let a restarted operator avoid repeating an eviction.
-pub const MAX_RECORDED_PODS: usize = 500;
+/// Size the active run record stays under. It lists every pod the run evicted (so a
+/// restarted operator never repeats an eviction), every source node's count (per-node
+/// limits hold across a restart) and every fenced node; a plan whose record would not fit
+/// is cut to its first batches that do ([`batches_within_record`]), and the run says so.
+pub const MAX_ACTIVE_RUN_BYTES: usize = 48 * 1024;
 /// Evicted pod names kept in a finished run in `lastRuns` (its `evicted` counts them all).
 pub const MAX_FINISHED_RUN_PODS: usize = 20;
 /// Fenced nodes and per-node eviction counts kept in a finished run (the nodes with the
@@ -176,6 +178,36 @@ pub fn plan_summary(p: &Plan, now: &str) -> PlanSummary {
     }
 }
 
+/// How many of `plan`'s leading batches a run can take so that its record, `rec` with
+/// every pod of those batches evicted and their nodes counted and fenced, stays under
+/// [`MAX_ACTIVE_RUN_BYTES`]. The estimate is from above: each name costs its bytes plus
+/// JSON quotes and separators, each per-node count the longest number.
+pub fn batches_within_record(rec: &RunRecord, plan: &Plan) -> usize {
+    // The counters may grow to their widest while the run goes on.
+    const SLACK: usize = 256;
+    let mut bytes = serde_json::to_vec(rec).map_or(usize::MAX, |v| v.len()) + SLACK;
+    let mut counted: std::collections::BTreeSet<&str> =
+        rec.evicted_per_node.keys().map(String::as_str).collect();
+    let mut fenced: std::collections::BTreeSet<&str> =
+        rec.fenced_nodes.iter().map(String::as_str).collect();
+    let mut moves = plan.moves.iter().peekable();
+    for (i, b) in plan.batches.iter().enumerate() {
+        if b.kind != gpu_defrag_core::plan::UnitKind::Gpu && fenced.insert(&b.node) {
+            bytes += b.node.len() + 3;
+        }
+        while let Some(m) = moves.next_if(|m| m.batch == i) {
+            bytes += m.pod.len() + 3;
+            if counted.insert(&m.from_node) {
+                bytes += m.from_node.len() + 3 + 1 + 20;
+            }
+        }
+        if bytes > MAX_ACTIVE_RUN_BYTES {
+            return i;
+        }
+    }
+    plan.batches.len()
+}
+
 /// `lastRuns` as written: the newest [`MAX_LAST_RUNS`] runs, each compacted. Only the
 /// active run is read back for limits and resumption, so a finished run keeps its counts
 /// (`planned`, `evicted`, …) in full but only the first [`MAX_FINISHED_RUN_PODS`] pod
@@ -265,13 +297,14 @@ mod bounds {
         )
     }
 
-    /// Long but realistic names: 120-byte `namespace/pod`, 80-byte nodes, 40-byte GPU UUIDs.
+    /// The longest names Kubernetes accepts: 63-byte namespaces, 253-byte pod and node
+    /// names; 40-byte GPU UUIDs.
     fn pod_key(i: usize) -> String {
-        format!("{}/{}", name("tenant", i % 1000, 40), name("pod", i, 79))
+        format!("{}/{}", name("tenant", i % 1000, 63), name("pod", i, 253))
     }
 
     fn node_name(i: usize) -> String {
-        name("node", i, 80)
+        name("node", i, 253)
     }
 
     fn gpu(i: usize) -> String {
@@ -286,7 +319,7 @@ mod bounds {
                 .map(|i| Move {
                     pod: pod_key(i),
                     pod_index: i,
-                    from_node: node_name(i),
+                    from_node: node_name(i / 4),
                     from_devices: vec![gpu(2 * i), gpu(2 * i + 1)],
                     to_node: node_name(i + 1),
                     to_devices: vec![gpu(2 * i + 2), gpu(2 * i + 3)],
@@ -306,7 +339,7 @@ mod bounds {
                 .collect(),
             skipped: (0..5_000).map(|i| (name("reason", i, 60), 1)).collect(),
             shapes: vec![],
-            fenced_nodes: (0..moves).map(node_name).collect(),
+            fenced_nodes: (0..moves / 4).map(node_name).collect(),
             pending_served: (0..moves).map(pod_key).collect(),
         }
     }
@@ -354,13 +387,40 @@ mod bounds {
             .into_iter()
             .map(|t| Want::new(t, false, "SomeReason", "why ".repeat(100_000)))
             .collect();
-        // Each finished run evicted as many pods as the active run may record.
-        let runs: Vec<RunRecord> = (0..MAX_LAST_RUNS + 3)
-            .map(|i| run(i, MAX_RECORDED_PODS))
-            .collect();
-        let mut active = run(99, MAX_RECORDED_PODS);
+        // Finished runs of 500 evictions from 500 nodes each.
+        let runs: Vec<RunRecord> = (0..MAX_LAST_RUNS + 3).map(|i| run(i, 500)).collect();
+        // The active run took the part of the huge plan its record holds, and did it all.
+        let mut active = run(99, 0);
         active.finished_at = None;
-        active.message = truncate(&active.message, MAX_MESSAGE_BYTES);
+        active.message.clear();
+        let fit = batches_within_record(&active, &plan);
+        assert!(fit > 0 && fit < plan.batches.len(), "cut at {fit}");
+        let taken = plan.first_batches(fit);
+        active.fenced_nodes = taken.fenced_nodes.clone();
+        for m in &taken.moves {
+            active.evicted_pods.push(m.pod.clone());
+            *active
+                .evicted_per_node
+                .entry(m.from_node.clone())
+                .or_default() += 1;
+        }
+        // The widest counters.
+        (active.evicted, active.blocked, active.failed) = (i64::MAX, i64::MAX, i64::MAX);
+        for v in active.evicted_per_node.values_mut() {
+            *v = i64::MAX;
+        }
+        let active_bytes = serde_json::to_vec(&active).unwrap().len();
+        assert!(
+            active_bytes <= MAX_ACTIVE_RUN_BYTES,
+            "active run {active_bytes} bytes"
+        );
+        // One batch more would not have fit.
+        let more = plan.first_batches(fit + 1);
+        let more_bytes: usize = more.moves[taken.moves.len()..]
+            .iter()
+            .map(|m| m.pod.len() + m.from_node.len() + 6)
+            .sum();
+        assert!(active_bytes + more_bytes > MAX_ACTIVE_RUN_BYTES - 1024);
         let status = DefragPolicyStatus {
             conditions: conditions(&[], &wanted, Some(1), "2026-01-01T00:00:00Z"),
             observed_generation: Some(1),
@@ -394,7 +454,10 @@ mod bounds {
             )),
         };
         let bytes = serde_json::to_vec(&status).unwrap().len();
-        eprintln!("worst-case status: {bytes} bytes");
+        eprintln!(
+            "worst-case status: {bytes} bytes; active run: {} evictions in {fit} batches, {active_bytes} bytes",
+            taken.moves.len()
+        );
         assert!(
             bytes < MAX_STATUS_BYTES,
             "status is {bytes} bytes, bound {MAX_STATUS_BYTES}"
@@ -406,7 +469,7 @@ mod bounds {
         assert_eq!(p.batches, 5_000);
         assert_eq!(status.last_runs.len(), MAX_LAST_RUNS);
         for r in &status.last_runs {
-            assert_eq!(r.evicted, MAX_RECORDED_PODS as i64);
+            assert_eq!(r.evicted, 500);
             assert_eq!(r.planned, 20_000);
             assert_eq!(r.evicted_pods.len(), MAX_FINISHED_RUN_PODS);
             assert_eq!(r.evicted_per_node.len(), MAX_FINISHED_RUN_NODES);
