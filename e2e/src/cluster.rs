@@ -161,6 +161,8 @@ pub struct GpuNodes {
     pub annotations: BTreeMap<String, String>,
     /// Taints (none by default).
     pub taints: Vec<Taint>,
+    /// More allocatable resources (a sharing scheme's, e.g. `koordinator.sh/gpu-core`).
+    pub resources: BTreeMap<String, String>,
 }
 
 impl GpuNodes {
@@ -177,7 +179,14 @@ impl GpuNodes {
             labels: BTreeMap::new(),
             annotations: BTreeMap::new(),
             taints: Vec::new(),
+            resources: BTreeMap::new(),
         }
+    }
+
+    /// Adds an allocatable resource (capacity too).
+    pub fn resource(mut self, name: impl Into<String>, quantity: impl Into<String>) -> Self {
+        self.resources.insert(name.into(), quantity.into());
+        self
     }
 
     /// Sets the GPU model.
@@ -232,12 +241,15 @@ impl GpuNodes {
         labels.extend(self.labels.clone());
         let mut annotations = self.annotations.clone();
         annotations.insert(KWOK_NODE_ANNOTATION.to_string(), "fake".to_string());
-        let resources = json!({
+        let mut resources = json!({
             "cpu": self.cpu,
             "memory": self.memory,
             "pods": self.pods.to_string(),
             GPU_RESOURCE: self.gpus_per_node.to_string(),
         });
+        for (k, v) in &self.resources {
+            resources[k] = json!(v);
+        }
         serde_json::from_value(json!({
             "apiVersion": "v1",
             "kind": "Node",

@@ -17,15 +17,18 @@ use std::{
 
 use chrono::{Datelike, FixedOffset, TimeZone, Utc};
 use gpu_defrag_e2e::{
+    GpuNodes,
     case::{Case, QUIET, RUN_TIMEOUT, T, evicted_per_node, has_finished_run},
-    fixtures::{min_available_pdb, pods, wait_for, wait_ready_pods},
+    cluster::repo_root,
+    fixtures::{FAKE_IMAGE, min_available_pdb, pods, wait_for, wait_ready_pods},
     operator::{
-        Operator, PodWatch, bind_lease_role, create_policy, fences, float_at, fragment, int_at,
-        open_window_every_minute, patch_policy, pod_node, policy_status, str_at, strings_at,
-        wait_deployments_ready, wait_status,
+        Operator, POOL_LABEL, PodWatch, Pool, bind_lease_role, create_policy, fences, float_at,
+        fragment, int_at, open_window_every_minute, patch_policy, pod_node, policy_status, str_at,
+        strings_at, wait_deployments_ready, wait_status,
     },
 };
 use k8s_openapi::api::{
+    apps::v1::Deployment,
     coordination::v1::Lease,
     core::v1::{Node, Pod},
     policy::v1::PodDisruptionBudget,
@@ -33,7 +36,7 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api,
-    api::{DeleteParams, ListParams, PostParams},
+    api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams},
 };
 use serde_json::{Value, json};
 
@@ -821,5 +824,173 @@ async fn leader_killed_mid_run_the_standby_takes_over() {
         finished_in.as_secs_f64(),
         gone.len(),
     );
+    c.cleanup(&[c.name()]).await;
+}
+
+/// The Device kind of [`KOORD_CRD_DIR`].
+fn koord_devices(client: &kube::Client) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("scheduling.koordinator.sh", "v1alpha1", "Device");
+    Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(&gvk, "devices"),
+    )
+}
+
+/// A stand-in for Koordinator's Device CRD.
+const KOORD_CRD_DIR: &str = "e2e/fixtures/koordinator";
+
+/// The Device object of `node`: two 16 GiB GPUs, minors 0 and 1.
+fn koord_device(node: &str) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "scheduling.koordinator.sh/v1alpha1",
+        "kind": "Device",
+        "metadata": {"name": node},
+        "spec": {"devices": (0..2).map(|minor| json!({
+            "type": "gpu", "minor": minor, "id": format!("GPU-{node}-{minor}"), "health": true,
+            "resources": {"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory": "16Gi",
+                          "koordinator.sh/gpu-memory-ratio": "100"},
+        })).collect::<Vec<_>>()},
+    }))
+    .unwrap()
+}
+
+/// One pod of 8 GiB on GPU `minor` of `node`, as Koordinator's scheduler records it
+/// (`scheduling.koordinator.sh/device-allocated`; the pod is pinned to the node so that
+/// the kube-scheduler puts it where the record says).
+fn koord_deployment(pool: &Pool, app: &str, node: &str, minor: u32) -> Deployment {
+    let record = json!({"gpu": [{"minor": minor,
+        "resources": {"koordinator.sh/gpu-memory": "8Gi"}}]});
+    let res = json!({"cpu": "1", "memory": "1Gi", "koordinator.sh/gpu-memory": "8Gi"});
+    let mut d: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": app, "labels": {"app": app}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": app}},
+            "template": {
+                "metadata": {
+                    "labels": {"app": app, "koord": "true"},
+                    "annotations": {"scheduling.koordinator.sh/device-allocated": record.to_string()},
+                },
+                "spec": {
+                    "terminationGracePeriodSeconds": 0,
+                    "nodeSelector": {"kubernetes.io/hostname": node},
+                    "containers": [{"name": "main", "image": FAKE_IMAGE,
+                        "resources": {"requests": res, "limits": res}}],
+                },
+            },
+        },
+    }))
+    .unwrap();
+    pool.place(d.spec.template.spec.as_mut().unwrap()).unwrap();
+    d
+}
+
+/// Koordinator: the pods' `device-allocated` records give GPU memory in bytes, and the
+/// GPUs' memory is in the nodes' `Device` objects, which the operator watches. With them
+/// the pods are known and the plan merges node 0's two half-used GPUs; when node 0's
+/// Device object goes away its pods are unknown (nothing of that node is planned: never a
+/// move on a guess); when it comes back, so does the plan. The nodes carry no
+/// `nvidia.com/gpu.memory` label, so the Device objects are the only source.
+#[tokio::test]
+async fn koordinator_device_objects_are_watched() {
+    let mut c = Case::new("koord", 0, 2).await;
+    c.cluster
+        .apply_crds(&repo_root().join(KOORD_CRD_DIR))
+        .await
+        .unwrap();
+    let nodes = c
+        .cluster
+        .add_nodes(
+            &GpuNodes::new(2, 2)
+                .name_prefix(c.name())
+                .label(POOL_LABEL, c.name())
+                .taint(POOL_LABEL, c.name(), "NoSchedule")
+                .resource("koordinator.sh/gpu-core", "200")
+                .resource("koordinator.sh/gpu-memory-ratio", "200")
+                .resource("koordinator.sh/gpu-memory", "32Gi"),
+        )
+        .await
+        .unwrap();
+    c.pool.nodes = nodes.clone();
+    let devices = koord_devices(&c.client);
+    for n in &nodes {
+        devices
+            .create(&PostParams::default(), &koord_device(n))
+            .await
+            .unwrap();
+    }
+    for (app, node, minor) in [
+        ("a0", &nodes[0], 0),
+        ("a1", &nodes[0], 1),
+        ("b0", &nodes[1], 0),
+    ] {
+        c.deployments()
+            .create(
+                &PostParams::default(),
+                &koord_deployment(&c.pool, app, node, minor),
+            )
+            .await
+            .unwrap();
+    }
+    wait_ready_pods(&c.client, c.name(), "koord=true", 3, T)
+        .await
+        .unwrap();
+    create_policy(
+        &c.client,
+        c.name(),
+        c.name(),
+        c.spec(
+            json!([{"gpus": 1}]),
+            json!({"maxEvictionsPerRun": 10, "maxEvictionsPerNode": 4, "maxEvictionsPerNamespace": 10}),
+        ),
+    )
+    .await
+    .unwrap();
+    let _op = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
+    let known = |s: &Value| s.pointer("/skipped/unknown-allocation").is_none();
+    let st = wait_status(&c.client, c.name(), "a plan over known pods", T, |s| {
+        int_at(s, "/plan/totalMoves").unwrap_or(0) > 0 && known(s)
+    })
+    .await
+    .unwrap();
+    let moved = str_at(&st, "/plan/moves/0/pod")
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        [format!("{}/a0", c.name()), format!("{}/a1", c.name())]
+            .iter()
+            .any(|p| moved.starts_with(&format!("{p}-"))),
+        "a half GPU of node 0 moves: {st:#}"
+    );
+    assert_eq!(
+        str_at(&st, "/plan/moves/0/fromNode"),
+        Some(nodes[0].as_str())
+    );
+    // Node 0's inventory goes away: its two pods are unknown, nothing is planned.
+    devices
+        .delete(&nodes[0], &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_status(&c.client, c.name(), "node 0's pods unknown", T, |s| {
+        int_at(s, "/skipped/unknown-allocation") == Some(2)
+            && int_at(s, "/plan/totalMoves") == Some(0)
+    })
+    .await
+    .unwrap();
+    // Back: known again, planned again.
+    devices
+        .create(&PostParams::default(), &koord_device(&nodes[0]))
+        .await
+        .unwrap();
+    wait_status(&c.client, c.name(), "node 0's pods known again", T, |s| {
+        int_at(s, "/plan/totalMoves").unwrap_or(0) > 0 && known(s)
+    })
+    .await
+    .unwrap();
+    for n in &nodes {
+        devices.delete(n, &DeleteParams::default()).await.unwrap();
+    }
     c.cleanup(&[c.name()]).await;
 }

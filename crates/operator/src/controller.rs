@@ -98,6 +98,8 @@ pub struct Ctx {
     pub runs: Mutex<HashMap<String, RunHandle>>,
     /// Set once the node, pod and PDB caches hold a full list.
     pub caches_ready: Arc<std::sync::atomic::AtomicBool>,
+    /// Koordinator `Device` objects (watched where the CRD is served).
+    pub devices: crate::koord::Devices,
     /// Last dry-run check per policy: plan fingerprint, when, result.
     pub dry_checks: Mutex<HashMap<String, (u64, Instant, DryRunCheck)>>,
     /// GPU activity from Prometheus (`--prometheus-url`), if configured.
@@ -108,12 +110,13 @@ impl Ctx {
     /// The cluster model of the stores' current objects, built without copying them.
     pub fn cluster(&self, now: Option<DateTime<Utc>>) -> Cluster {
         let (nodes, pods, pdbs) = (self.nodes.state(), self.pods.state(), self.pdbs.state());
+        let devices = self.devices.objects();
         ingest::build_cluster_from(
             ingest::ObjectRefs {
                 nodes: nodes.iter().map(|n| n.as_ref()).collect(),
                 pods: pods.iter().map(|p| p.as_ref()).collect(),
                 pdbs: pdbs.iter().map(|p| p.as_ref()).collect(),
-                devices: &[],
+                devices: &devices,
             },
             now,
         )
@@ -771,6 +774,13 @@ pub async fn run(
             }
         });
     }
+    let devices = {
+        let tx = tx.clone();
+        crate::koord::Devices::start(client.clone(), move || {
+            let _ = tx.try_send(());
+        })
+        .await
+    };
     let trigger = tokio_stream_from(rx);
     let mut pcfg = watcher::Config::default().any_semantic();
     if !opts.policy_selector.is_empty() {
@@ -797,6 +807,7 @@ pub async fn run(
             instance: Some(opts.identity),
         },
         runs: Mutex::new(HashMap::new()),
+        devices: devices.clone(),
         dry_checks: Mutex::new(HashMap::new()),
         idle: opts.idle.clone(),
         caches_ready: Arc::new(std::sync::atomic::AtomicBool::new(false)),
@@ -831,7 +842,8 @@ pub async fn run(
         let _ = tokio::join!(
             n.wait_until_ready(),
             p.wait_until_ready(),
-            b.wait_until_ready()
+            b.wait_until_ready(),
+            devices.wait_until_ready()
         );
         caches.store(true, std::sync::atomic::Ordering::SeqCst);
         ready2.store(true, std::sync::atomic::Ordering::SeqCst);

@@ -12,6 +12,7 @@ mod executor;
 mod http;
 mod idle;
 mod input;
+mod koord;
 mod lease;
 mod metrics;
 mod plugin;
