@@ -98,6 +98,8 @@ pub struct Ctx {
     pub runs: Mutex<HashMap<String, RunHandle>>,
     /// Set once the node, pod and PDB caches hold a full list.
     pub caches_ready: Arc<std::sync::atomic::AtomicBool>,
+    /// Failed reconciles in a row, per policy (the retry backoff).
+    pub failures: std::sync::Mutex<HashMap<String, u32>>,
     /// Koordinator `Device` objects (watched where the CRD is served).
     pub devices: crate::koord::Devices,
     /// Last dry-run check per policy: plan fingerprint, when, result.
@@ -703,11 +705,58 @@ pub async fn stop_run(ctx: &Ctx, name: &str) {
     }
 }
 
-/// Error policy: transient API errors back off; everything is counted.
+/// [`reconcile`]; a success resets the policy's retry backoff.
+async fn reconcile_and_reset_backoff(
+    dp: Arc<DefragPolicy>,
+    ctx: Arc<Ctx>,
+) -> Result<Action, Error> {
+    let r = reconcile(dp.clone(), ctx.clone()).await;
+    if r.is_ok() {
+        ctx.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&dp.name_any());
+    }
+    r
+}
+
+/// First retry of a failed reconcile; each further failure in a row doubles it.
+pub const RETRY_FIRST: Duration = Duration::from_secs(1);
+/// Longest wait before a failed reconcile is retried.
+pub const RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// The wait before retrying a policy whose reconcile failed `failures` times in a row
+/// (1 s, 2 s, 4 s … up to [`RETRY_MAX`]), with up to a quarter more picked from `seed`, so
+/// that policies failing together do not retry together.
+pub fn retry_after(failures: u32, seed: u64) -> Duration {
+    let base = RETRY_FIRST
+        .saturating_mul(1u32 << failures.saturating_sub(1).min(16))
+        .min(RETRY_MAX);
+    // splitmix64 of the seed: a fraction in [0, 1).
+    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    let frac = (z ^ (z >> 31)) as f64 / (u64::MAX as f64 + 1.0);
+    base.mul_f64(1.0 + frac / 4.0).min(RETRY_MAX)
+}
+
+/// Error policy: a failed reconcile is retried with exponential backoff per policy (reset
+/// by the next reconcile that succeeds); every failure is counted by kind.
 pub fn error_policy(dp: Arc<DefragPolicy>, err: &Error, ctx: Arc<Ctx>) -> Action {
-    warn!(policy = %dp.name_any(), error = %err, "reconcile failed");
-    ctx.metrics.reconcile_error(&dp.name_any(), err.kind());
-    Action::requeue(Duration::from_secs(15))
+    let name = dp.name_any();
+    let failures = {
+        let mut f = ctx.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let n = f.entry(name.clone()).or_default();
+        *n = n.saturating_add(1);
+        *n
+    };
+    let seed = name.bytes().fold(u64::from(failures), |h, b| {
+        h.wrapping_mul(31).wrapping_add(u64::from(b))
+    });
+    let wait = retry_after(failures, seed);
+    warn!(policy = %name, error = %err, failures, retry_in = ?wait, "reconcile failed");
+    ctx.metrics.reconcile_error(&name, err.kind());
+    Action::requeue(wait)
 }
 
 /// Options of `gpu-defrag run`.
@@ -808,6 +857,7 @@ pub async fn run(
         },
         runs: Mutex::new(HashMap::new()),
         devices: devices.clone(),
+        failures: Default::default(),
         dry_checks: Mutex::new(HashMap::new()),
         idle: opts.idle.clone(),
         caches_ready: Arc::new(std::sync::atomic::AtomicBool::new(false)),
@@ -850,7 +900,7 @@ pub async fn run(
     });
     controller
         .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx)
+        .run(reconcile_and_reset_backoff, error_policy, ctx)
         .for_each(|r| async move {
             if let Err(e) = r {
                 warn!(error = %e, "controller");
@@ -955,6 +1005,28 @@ pub fn draining_taint(policy: &str) -> serde_json::Value {
 mod tests {
     use super::*;
     use gpu_defrag_api::v1alpha1::DefragPolicySpec;
+
+    #[test]
+    fn failed_reconciles_back_off_exponentially_with_jitter_up_to_a_minute() {
+        let secs = |n, seed| retry_after(n, seed).as_secs_f64();
+        for seed in [0, 1, 42, u64::MAX] {
+            for (n, base) in [(0, 1.0), (1, 1.0), (2, 2.0), (3, 4.0), (6, 32.0)] {
+                let s = secs(n, seed);
+                assert!(
+                    (base..=base * 1.25).contains(&s),
+                    "{n} failures, seed {seed}: {s}"
+                );
+            }
+            for n in [7, 20, u32::MAX] {
+                assert_eq!(secs(n, seed), 60.0);
+            }
+        }
+        // Jitter spreads policies that fail together.
+        let spread: std::collections::BTreeSet<u128> = (0..20)
+            .map(|seed| retry_after(3, seed).as_millis())
+            .collect();
+        assert!(spread.len() > 10, "{spread:?}");
+    }
     use gpu_defrag_core::ingest::Objects;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
