@@ -85,6 +85,8 @@ struct Prometheus {
     pgid: u32,
     addr: String,
     log: PathBuf,
+    /// Started with a web config (TLS, users): the test's plain client cannot ask it.
+    web_config: bool,
 }
 
 impl Prometheus {
@@ -96,6 +98,11 @@ impl Prometheus {
 
     /// Like [`Prometheus::start`], scraping every job every second.
     fn start_jobs(dir: &Path, jobs: &[Job]) -> Result<Self> {
+        Self::start_with_web_config(dir, jobs, None)
+    }
+
+    /// Like [`Prometheus::start_jobs`], serving its API as `web_config` says (TLS, users).
+    fn start_with_web_config(dir: &Path, jobs: &[Job], web_config: Option<&Path>) -> Result<Self> {
         let bin = prometheus_binary()?;
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let config = dir.join("prometheus.yml");
@@ -135,6 +142,7 @@ impl Prometheus {
                 dir.join("data").display()
             ))
             .arg(format!("--web.listen-address={addr}"))
+            .args(web_config.map(|w| format!("--web.config.file={}", w.display())))
             .arg(format!("--web.console.templates={}", dir.display()))
             .arg(format!("--web.console.libraries={}", dir.display()))
             .arg("--log.level=info")
@@ -151,6 +159,7 @@ impl Prometheus {
             child: Some(child),
             addr,
             log,
+            web_config: web_config.is_some(),
         })
     }
 
@@ -176,12 +185,17 @@ impl Prometheus {
             .context("http task")?
     }
 
-    /// Waits for `/-/ready`.
+    /// Waits for `/-/ready` (with a web config: for its log to say it is ready).
     async fn wait_ready(&mut self) -> Result<()> {
         let deadline = Instant::now() + PROM_T;
         loop {
             self.ensure_running()?;
-            if let Ok((200, _)) = self.get("/-/ready").await {
+            if self.web_config {
+                let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+                if text.contains("Server is ready to receive web requests") {
+                    return Ok(());
+                }
+            } else if let Ok((200, _)) = self.get("/-/ready").await {
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -896,5 +910,135 @@ async fn idle_allocated_gpus_come_from_dcgm_series_in_prometheus() {
 
     drop(op);
     drop((a, b));
+    delete_policy(&client, &name).await.unwrap();
+}
+
+/// bcrypt (cost 10) of [`PROM_PASSWORD`], for Prometheus's `basic_auth_users`.
+const PROM_PASSWORD_BCRYPT: &str = "$2b$10$Bq2TeBBtGxzwkhnGJFcGN.4vBh4dygpHeBnT7lpEIYK7CJEG7rMLK";
+/// The password of the test's Prometheus user.
+const PROM_PASSWORD: &str = "e2e-prometheus-password";
+
+/// A Prometheus that serves its API over TLS (a certificate of the test's own CA) to one
+/// basic-auth user: the operator, given the CA and the user, reads the idle pods through
+/// it. With a wrong password Prometheus refuses (401) and status says so; the password
+/// file is read at every query, so writing the right one is enough, no restart.
+#[tokio::test]
+async fn idle_data_through_https_and_basic_auth() {
+    prometheus_binary().unwrap();
+    let cluster = shared().await.expect("local control plane");
+    let ns = cluster.namespace("idletls").await.unwrap();
+    let name = ns.name().to_string();
+    let client = cluster.client().unwrap();
+    let pool = Pool::create(cluster, &name, 1, 2).await.unwrap();
+    fragment(&client, &name, &pool, &[1]).await.unwrap();
+    let pods = gpu_defrag_e2e::fixtures::pods(&client, &name, "e2e-role=infer")
+        .await
+        .unwrap();
+    let [pod] = pods.as_slice() else {
+        panic!("one pod expected, got {}", pods.len());
+    };
+    let pod_name = pod.metadata.name.clone().unwrap();
+    let node = pod.spec.as_ref().unwrap().node_name.clone().unwrap();
+    let dcgm = FakeDcgm::start().unwrap();
+    dcgm.serve(dcgm_text(&[DcgmGpu {
+        host: node,
+        gpu: 0,
+        pod: Some((name.clone(), pod_name.clone())),
+        sm_active: Some(0.02),
+        gpu_util: Some(3.0),
+    }]));
+    create_policy(
+        &client,
+        &name,
+        &name,
+        json!({
+            "mode": "DryRun",
+            "nodeSelector": pool.selector(),
+            "namespaces": {"include": [name]},
+            "target": {"shapes": [{"gpus": 2}]},
+            "safety": {"minPodAge": "0s"},
+        }),
+    )
+    .await
+    .unwrap();
+
+    // TLS and the user: a CA of the test's own, a certificate for 127.0.0.1.
+    let dir = cluster.work_dir().join(format!("prometheus-{name}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pki = gpu_defrag_e2e::pki::Pki::create(&dir).unwrap();
+    let web = dir.join("web.yml");
+    std::fs::write(
+        &web,
+        format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\nbasic_auth_users:\n  gpu-defrag: '{PROM_PASSWORD_BCRYPT}'\n",
+            pki.admin_crt.display(),
+            pki.admin_key.display()
+        ),
+    )
+    .unwrap();
+    let password = dir.join("password");
+    std::fs::write(&password, "not-the-password\n").unwrap();
+    let mut prom =
+        Prometheus::start_with_web_config(&dir, &[Job::new("dcgm", &dcgm.addr)], Some(&web))
+            .unwrap();
+    prom.wait_ready().await.unwrap();
+    let url = format!("https://{}", prom.addr);
+    let op = Operator::start(
+        cluster,
+        &name,
+        &[
+            "--prometheus-url",
+            &url,
+            "--prometheus-ca-file",
+            pki.ca_crt.to_str().unwrap(),
+            "--prometheus-username",
+            "gpu-defrag",
+            "--prometheus-password-file",
+            password.to_str().unwrap(),
+            "--idle-lookback",
+            "5s",
+            "--idle-refresh",
+            "1s",
+            "--prometheus-timeout",
+            "3s",
+        ],
+    )
+    .await
+    .unwrap();
+    let idle_data = |s: &Value| gpu_defrag_e2e::operator::condition_parts(s, "IdleData");
+    let status = gpu_defrag_e2e::operator::wait_status(
+        &client,
+        &name,
+        "IdleData=False: the wrong password is refused",
+        T,
+        |s| idle_data(s).is_some_and(|(st, _, m)| st == "False" && m.contains("401")),
+    )
+    .await
+    .unwrap();
+    let (_, reason, _) = idle_data(&status).unwrap();
+    assert_eq!(reason, "PrometheusError");
+    assert!(status.get("idleAllocated").is_none(), "{status:#}");
+
+    std::fs::write(&password, format!("{PROM_PASSWORD}\n")).unwrap();
+    let status = gpu_defrag_e2e::operator::wait_status(
+        &client,
+        &name,
+        "the idle pod read over https",
+        Duration::from_secs(90),
+        |s| int_at(s, "/idleAllocated/pods") == Some(1),
+    )
+    .await
+    .unwrap();
+    let (st, reason, _) = idle_data(&status).unwrap();
+    assert_eq!((st.as_str(), reason.as_str()), ("True", "Measured"));
+    assert_eq!(
+        gpu_defrag_e2e::operator::str_at(&status, "/idleAllocated/idlePods/0/pod"),
+        Some(format!("{name}/{pod_name}").as_str()),
+        "{status:#}"
+    );
+    op.ensure_running().unwrap();
+    drop(op);
+    drop(prom);
+    drop(dcgm);
     delete_policy(&client, &name).await.unwrap();
 }

@@ -1094,11 +1094,9 @@ mod tests {
         use crate::idle::{IdleArgs, IdleSource, IdleState, Measured, QueryError, SeriesStats};
         use gpu_defrag_core::model::PodActivity;
         let cfg = IdleArgs {
-            prometheus_url: Some("http://127.0.0.1:9".into()),
-            idle_threshold: 0.3,
             idle_lookback: Duration::from_secs(3600),
-            idle_refresh: Duration::from_secs(60),
             prometheus_timeout: Duration::from_secs(1),
+            ..IdleArgs::for_url("http://127.0.0.1:9")
         }
         .config()
         .unwrap()

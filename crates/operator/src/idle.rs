@@ -26,6 +26,7 @@
 //! malformed or oversized answer all leave *no* idle data (and a reason) until the next
 //! good answer. A bad sample (NaN, out of range) makes its pod unmeasured, not idle.
 use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -34,6 +35,9 @@ use gpu_defrag_core::model::{Activity, PodActivity};
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper::body::Bytes;
 use serde::Deserialize;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
+use tokio_rustls::rustls::{ClientConfig, RootCertStore};
 
 use crate::metrics::Metrics;
 
@@ -52,11 +56,26 @@ pub const GPU_UTIL: &str = "DCGM_FI_DEV_GPU_UTIL";
 /// Flags of `gpu-defrag run` for allocated-but-idle GPUs.
 #[derive(Debug, Clone, clap::Args)]
 pub struct IdleArgs {
-    /// Base URL of a Prometheus that scrapes dcgm-exporter (http only), e.g.
+    /// Base URL of a Prometheus that scrapes dcgm-exporter, `http://` or `https://`, e.g.
     /// `http://prometheus-operated.monitoring:9090`. Enables allocated-but-idle GPUs in
     /// status and metrics. Without it, nothing is queried.
     #[arg(long, env = "GPU_DEFRAG_PROMETHEUS_URL", value_name = "URL")]
     pub prometheus_url: Option<String>,
+    /// PEM file of the CA certificates that sign an https Prometheus's certificate
+    /// (default: the system's).
+    #[arg(long, value_name = "FILE")]
+    pub prometheus_ca_file: Option<PathBuf>,
+    /// File holding a bearer token sent to Prometheus (read at every query, so a rotated
+    /// token is picked up), e.g. a projected service account token behind kube-rbac-proxy.
+    #[arg(long, value_name = "FILE", conflicts_with = "prometheus_username")]
+    pub prometheus_bearer_token_file: Option<PathBuf>,
+    /// User name for HTTP basic authentication to Prometheus (with
+    /// `--prometheus-password-file`).
+    #[arg(long, value_name = "NAME", requires = "prometheus_password_file")]
+    pub prometheus_username: Option<String>,
+    /// File holding the basic-authentication password (read at every query).
+    #[arg(long, value_name = "FILE", requires = "prometheus_username")]
+    pub prometheus_password_file: Option<PathBuf>,
     /// A GPU is idle when its activity (SM activity 0..1, or GPU utilisation / 100) stayed
     /// under this over the whole lookback window.
     #[arg(long, default_value_t = 0.3, value_name = "RATIO")]
@@ -72,6 +91,20 @@ pub struct IdleArgs {
     pub prometheus_timeout: Duration,
 }
 
+impl IdleArgs {
+    /// The flags' defaults with `--prometheus-url url` (tests).
+    #[cfg(test)]
+    pub fn for_url(url: &str) -> Self {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            idle: IdleArgs,
+        }
+        Cli::parse_from(["gpu-defrag", "--prometheus-url", url]).idle
+    }
+}
+
 fn duration_flag(s: &str) -> Result<Duration, String> {
     gpu_defrag_core::policy::parse_duration(s)
 }
@@ -83,6 +116,31 @@ impl IdleArgs {
             return Ok(None);
         };
         let endpoint = Endpoint::parse(url)?;
+        let tls = match (endpoint.tls, &self.prometheus_ca_file) {
+            (true, ca) => Some(tls_config(ca.as_deref())?),
+            (false, Some(_)) => {
+                return Err("--prometheus-ca-file needs an https:// --prometheus-url".into());
+            }
+            (false, None) => None,
+        };
+        let auth = match (
+            &self.prometheus_bearer_token_file,
+            &self.prometheus_username,
+            &self.prometheus_password_file,
+        ) {
+            (None, None, None) => Auth::None,
+            (Some(f), None, None) => Auth::Bearer(f.clone()),
+            (None, Some(u), Some(f)) if !u.is_empty() && !u.contains(':') => Auth::Basic {
+                username: u.clone(),
+                password_file: f.clone(),
+            },
+            (None, Some(_), Some(_)) => {
+                return Err("--prometheus-username must be non-empty, without ':'".into());
+            }
+            _ => {
+                return Err("give either --prometheus-bearer-token-file or both --prometheus-username and --prometheus-password-file".into());
+            }
+        };
         if !(self.idle_threshold > 0.0 && self.idle_threshold <= 1.0) {
             return Err(format!(
                 "--idle-threshold must be in (0, 1], not {}",
@@ -103,6 +161,8 @@ impl IdleArgs {
         }
         Ok(Some(IdleConfig {
             endpoint,
+            tls,
+            auth,
             threshold: self.idle_threshold,
             lookback: self.idle_lookback,
             refresh: self.idle_refresh,
@@ -111,12 +171,14 @@ impl IdleArgs {
     }
 }
 
-/// Where Prometheus listens: `http://host[:port][/prefix]`.
+/// Where Prometheus listens: `http[s]://host[:port][/prefix]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
+    /// Whether it speaks TLS (`https://`).
+    pub tls: bool,
     /// Host name or address (IPv6 without brackets).
     pub host: String,
-    /// Port (80 when the URL names none).
+    /// Port (80, or 443 for https, when the URL names none).
     pub port: u16,
     /// `Host` header value.
     pub authority: String,
@@ -125,22 +187,20 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// Parses an `http://` URL (no user info, query or fragment).
+    /// Parses an `http://` or `https://` URL (no user info, query or fragment).
     pub fn parse(url: &str) -> Result<Self, String> {
         let bad = |why: &str| format!("--prometheus-url {url:?}: {why}");
         let uri: hyper::Uri = url.parse().map_err(|e| bad(&format!("{e}")))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some("https") => {
-                return Err(bad(
-                    "https is not supported; use the Prometheus service's plain http port",
-                ));
-            }
-            _ => return Err(bad("must start with http://")),
-        }
+        let tls = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => return Err(bad("must start with http:// or https://")),
+        };
         let auth = uri.authority().ok_or_else(|| bad("no host"))?;
         if auth.as_str().contains('@') {
-            return Err(bad("user info is not supported"));
+            return Err(bad(
+                "user info is not supported (use --prometheus-username and --prometheus-password-file)",
+            ));
         }
         if uri.query().is_some() {
             return Err(bad("must not have a query"));
@@ -150,12 +210,122 @@ impl Endpoint {
             return Err(bad("no host"));
         }
         Ok(Self {
+            tls,
             host: host.to_string(),
-            port: auth.port_u16().unwrap_or(80),
+            port: auth.port_u16().unwrap_or(if tls { 443 } else { 80 }),
             authority: auth.as_str().to_string(),
             prefix: uri.path().trim_end_matches('/').to_string(),
         })
     }
+}
+
+/// How the operator proves who it is to Prometheus. Secrets are read from their files at
+/// every query (rotation needs no restart) and never logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Auth {
+    /// No credentials.
+    None,
+    /// `Authorization: Bearer <token in the file>`.
+    Bearer(PathBuf),
+    /// HTTP basic authentication.
+    Basic {
+        /// User name.
+        username: String,
+        /// File holding the password.
+        password_file: PathBuf,
+    },
+}
+
+/// Longest secret file read.
+const MAX_SECRET_BYTES: u64 = 64 * 1024;
+
+impl Auth {
+    /// The `Authorization` header value, if any.
+    fn header(&self) -> Result<Option<String>, QueryError> {
+        let read = |f: &PathBuf| -> Result<String, QueryError> {
+            let bad = |why: String| QueryError::Credentials(format!("{}: {why}", f.display()));
+            let meta = std::fs::metadata(f).map_err(|e| bad(e.to_string()))?;
+            if meta.len() > MAX_SECRET_BYTES {
+                return Err(bad(format!("over {MAX_SECRET_BYTES} bytes")));
+            }
+            let text = std::fs::read_to_string(f).map_err(|e| bad(e.to_string()))?;
+            let text = text.trim();
+            if text.is_empty() || text.chars().any(|c| c.is_control()) {
+                return Err(bad("empty, or has control characters".into()));
+            }
+            Ok(text.to_string())
+        };
+        Ok(match self {
+            Auth::None => None,
+            Auth::Bearer(f) => Some(format!("Bearer {}", read(f)?)),
+            Auth::Basic {
+                username,
+                password_file,
+            } => Some(format!(
+                "Basic {}",
+                base64(format!("{username}:{}", read(password_file)?).as_bytes())
+            )),
+        })
+    }
+}
+
+/// Standard base64 with padding (RFC 4648).
+fn base64(bytes: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// The TLS client of an https Prometheus: the CA certificates of `ca_file` (PEM), or the
+/// system's.
+fn tls_config(ca_file: Option<&Path>) -> Result<Arc<ClientConfig>, String> {
+    let mut roots = RootCertStore::empty();
+    match ca_file {
+        Some(f) => {
+            let bad = |why: String| format!("--prometheus-ca-file {}: {why}", f.display());
+            for cert in CertificateDer::pem_file_iter(f).map_err(|e| bad(e.to_string()))? {
+                let cert = cert.map_err(|e| bad(e.to_string()))?;
+                roots.add(cert).map_err(|e| bad(e.to_string()))?;
+            }
+            if roots.is_empty() {
+                return Err(bad("no certificate in it".into()));
+            }
+        }
+        None => {
+            for cert in rustls_native_certs::load_native_certs().certs {
+                let _ = roots.add(cert);
+            }
+            if roots.is_empty() {
+                return Err(
+                    "https --prometheus-url: no system CA certificates found; give --prometheus-ca-file"
+                        .into(),
+                );
+            }
+        }
+    }
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let mut cfg = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
 }
 
 /// The checked configuration.
@@ -163,6 +333,10 @@ impl Endpoint {
 pub struct IdleConfig {
     /// Prometheus.
     pub endpoint: Endpoint,
+    /// TLS client (https).
+    pub tls: Option<Arc<ClientConfig>>,
+    /// Credentials.
+    pub auth: Auth,
     /// Idle means activity under this (0..=1).
     pub threshold: f64,
     /// Window.
@@ -225,6 +399,9 @@ pub enum QueryError {
     /// An answer over [`MAX_RESPONSE_BYTES`] or [`MAX_SERIES`].
     #[error("Prometheus answer too large: {0}")]
     TooLarge(String),
+    /// A credentials file could not be read.
+    #[error("Prometheus credentials unreadable: {0}")]
+    Credentials(String),
 }
 
 impl QueryError {
@@ -236,6 +413,7 @@ impl QueryError {
             QueryError::Http { .. } => "http_status",
             QueryError::Malformed(_) => "malformed",
             QueryError::TooLarge(_) => "too_large",
+            QueryError::Credentials(_) => "credentials",
         }
     }
 
@@ -246,6 +424,7 @@ impl QueryError {
             QueryError::Timeout(_) => "PrometheusTimeout",
             QueryError::Http { .. } => "PrometheusError",
             QueryError::Malformed(_) | QueryError::TooLarge(_) => "MalformedResponse",
+            QueryError::Credentials(_) => "CredentialsUnreadable",
         }
     }
 }
@@ -349,7 +528,7 @@ impl IdleSource {
             url_encode(&self.cfg.query(metric))
         );
         let t = self.cfg.timeout;
-        let (status, body) = tokio::time::timeout(t, get(&self.cfg.endpoint, &path))
+        let (status, body) = tokio::time::timeout(t, get(&self.cfg, &path))
             .await
             .map_err(|_| QueryError::Timeout(t))??;
         parse_answer(status, &body)
@@ -391,15 +570,43 @@ impl IdleSource {
     }
 }
 
-/// `GET path` on the endpoint over HTTP/1.1: `(status, body)`, the body at most
-/// [`MAX_RESPONSE_BYTES`].
-async fn get(ep: &Endpoint, path: &str) -> Result<(u16, Bytes), QueryError> {
+/// `GET path` on the endpoint over HTTP/1.1 (in TLS for https, with the configured
+/// credentials): `(status, body)`, the body at most [`MAX_RESPONSE_BYTES`].
+async fn get(cfg: &IdleConfig, path: &str) -> Result<(u16, Bytes), QueryError> {
+    let ep = &cfg.endpoint;
+    let authorization = cfg.auth.header()?;
     let unreachable = |e: &dyn std::fmt::Display| {
         QueryError::Unreachable(format!("{}:{}: {e}", ep.host, ep.port))
     };
     let stream = tokio::net::TcpStream::connect((ep.host.as_str(), ep.port))
         .await
         .map_err(|e| unreachable(&e))?;
+    match &cfg.tls {
+        None => exchange(stream, ep, path, authorization.as_deref()).await,
+        Some(tls) => {
+            let name = ServerName::try_from(ep.host.clone()).map_err(|e| unreachable(&e))?;
+            let stream = tokio_rustls::TlsConnector::from(tls.clone())
+                .connect(name, stream)
+                .await
+                .map_err(|e| unreachable(&format!("TLS: {e}")))?;
+            exchange(stream, ep, path, authorization.as_deref()).await
+        }
+    }
+}
+
+/// One request and its answer on a connected stream.
+async fn exchange<S>(
+    stream: S,
+    ep: &Endpoint,
+    path: &str,
+    authorization: Option<&str>,
+) -> Result<(u16, Bytes), QueryError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let unreachable = |e: &dyn std::fmt::Display| {
+        QueryError::Unreachable(format!("{}:{}: {e}", ep.host, ep.port))
+    };
     let io = hyper_util::rt::TokioIo::new(stream);
     let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(io)
         .await
@@ -408,13 +615,20 @@ async fn get(ep: &Endpoint, path: &str) -> Result<(u16, Bytes), QueryError> {
         let _ = conn.await;
     });
     let result = async {
-        let req = hyper::Request::get(path)
+        let mut req = hyper::Request::get(path)
             .header(hyper::header::HOST, &ep.authority)
             .header(hyper::header::ACCEPT, "application/json")
             .header(
                 hyper::header::USER_AGENT,
                 concat!("gpu-defrag/", env!("CARGO_PKG_VERSION")),
-            )
+            );
+        if let Some(a) = authorization {
+            let mut v = hyper::header::HeaderValue::from_str(a)
+                .map_err(|_| QueryError::Credentials("not a valid header value".into()))?;
+            v.set_sensitive(true);
+            req = req.header(hyper::header::AUTHORIZATION, v);
+        }
+        let req = req
             .body(Empty::new())
             .map_err(|e| QueryError::Malformed(format!("request: {e}")))?;
         let resp = sender
@@ -826,13 +1040,7 @@ mod tests {
 
     #[test]
     fn flags_are_checked_and_urls_parsed() {
-        let args = |url: &str| IdleArgs {
-            prometheus_url: Some(url.into()),
-            idle_threshold: 0.3,
-            idle_lookback: Duration::from_secs(4 * 3600),
-            idle_refresh: Duration::from_secs(60),
-            prometheus_timeout: Duration::from_secs(10),
-        };
+        let args = IdleArgs::for_url;
         let c = args("http://prometheus.monitoring:9090/")
             .config()
             .unwrap()
@@ -840,6 +1048,7 @@ mod tests {
         assert_eq!(
             c.endpoint,
             Endpoint {
+                tls: false,
                 host: "prometheus.monitoring".into(),
                 port: 9090,
                 authority: "prometheus.monitoring:9090".into(),
@@ -857,7 +1066,6 @@ mod tests {
         assert_eq!((c.endpoint.host.as_str(), c.endpoint.port), ("::1", 80));
         assert_eq!(c.endpoint.prefix, "/prom");
         for bad in [
-            "https://p:9090",
             "p:9090",
             "ftp://p",
             "http://",
@@ -908,11 +1116,10 @@ mod tests {
     fn source(addr: &str, timeout: Duration) -> IdleSource {
         IdleSource::new(
             IdleArgs {
-                prometheus_url: Some(format!("http://{addr}")),
-                idle_threshold: 0.3,
                 idle_lookback: Duration::from_secs(60),
                 idle_refresh: Duration::from_secs(1),
                 prometheus_timeout: timeout,
+                ..IdleArgs::for_url(&format!("http://{addr}"))
             }
             .config()
             .unwrap()
@@ -984,5 +1191,157 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.kind(), "too_large");
+    }
+
+    #[test]
+    fn base64_matches_rfc_4648() {
+        for (i, o) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("foobar", "Zm9vYmFy"),
+            ("u:pw", "dTpwdw=="),
+        ] {
+            assert_eq!(base64(i.as_bytes()), o, "{i}");
+        }
+    }
+
+    #[test]
+    fn https_and_credential_flags_are_checked() {
+        let dir =
+            std::env::temp_dir().join(format!("gpu-defrag-idle-flags-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let empty = dir.join("empty.pem");
+        std::fs::write(&empty, "not a certificate\n").unwrap();
+        let a = |url: &str| IdleArgs::for_url(url);
+        // https: port 443 by default; a CA file that holds no certificate is refused.
+        let e = Endpoint::parse("https://thanos-querier.openshift-monitoring.svc:9091").unwrap();
+        assert!(e.tls && e.port == 9091);
+        assert_eq!(Endpoint::parse("https://p").unwrap().port, 443);
+        let with_ca = |url: &str, ca: &std::path::Path| IdleArgs {
+            prometheus_ca_file: Some(ca.into()),
+            ..a(url)
+        };
+        let err = with_ca("https://p", &empty).config().unwrap_err();
+        assert!(err.contains("no certificate"), "{err}");
+        let err = with_ca("https://p", &dir.join("missing.pem"))
+            .config()
+            .unwrap_err();
+        assert!(err.contains("missing.pem"), "{err}");
+        let err = with_ca("http://p", &empty).config().unwrap_err();
+        assert!(err.contains("https"), "{err}");
+        // Credentials: one kind at a time, a user name needs its password file.
+        let token = dir.join("token");
+        let both = IdleArgs {
+            prometheus_bearer_token_file: Some(token.clone()),
+            prometheus_username: Some("u".into()),
+            prometheus_password_file: Some(token.clone()),
+            ..a("http://p")
+        };
+        assert!(both.config().is_err());
+        let no_password = IdleArgs {
+            prometheus_username: Some("u".into()),
+            ..a("http://p")
+        };
+        assert!(no_password.config().is_err());
+        let colon = IdleArgs {
+            prometheus_username: Some("u:x".into()),
+            prometheus_password_file: Some(token.clone()),
+            ..a("http://p")
+        };
+        assert!(colon.config().is_err());
+        let bearer = IdleArgs {
+            prometheus_bearer_token_file: Some(token.clone()),
+            ..a("http://p")
+        };
+        assert_eq!(bearer.config().unwrap().unwrap().auth, Auth::Bearer(token));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A loopback server answering `reply` and keeping every request head it got.
+    fn recording_server(
+        reply: Vec<u8>,
+    ) -> (std::net::SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let heads = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = heads.clone();
+        std::thread::spawn(move || {
+            for mut s in l.incoming().flatten() {
+                let mut buf = vec![0u8; 8192];
+                let n = s.read(&mut buf).unwrap_or(0);
+                seen.lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&buf[..n]).to_lowercase());
+                let _ = s.write_all(&reply);
+                let _ = s.shutdown(std::net::Shutdown::Write);
+            }
+        });
+        (addr, heads)
+    }
+
+    #[tokio::test]
+    async fn credentials_are_sent_and_read_again_at_every_query() {
+        let dir = std::env::temp_dir().join(format!("gpu-defrag-idle-auth-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let secret = dir.join("secret");
+        let body = answer(json!([]));
+        let (addr, heads) = recording_server(http("200 OK", &body));
+        let src = |args: IdleArgs| IdleSource::new(args.config().unwrap().unwrap());
+        let url = format!("http://{addr}");
+
+        std::fs::write(&secret, "token-1\n").unwrap();
+        let bearer = src(IdleArgs {
+            prometheus_bearer_token_file: Some(secret.clone()),
+            ..IdleArgs::for_url(&url)
+        });
+        bearer.fetch().await.unwrap();
+        std::fs::write(&secret, "token-2").unwrap();
+        bearer.fetch().await.unwrap();
+        let basic = src(IdleArgs {
+            prometheus_username: Some("u".into()),
+            prometheus_password_file: Some(secret.clone()),
+            ..IdleArgs::for_url(&url)
+        });
+        std::fs::write(&secret, "pw").unwrap();
+        basic.fetch().await.unwrap();
+        let got: Vec<String> = heads
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|h| {
+                h.lines()
+                    .find_map(|l| l.strip_prefix("authorization: "))
+                    .unwrap_or("none")
+                    .trim()
+                    .to_string()
+            })
+            .collect();
+        // Two queries per fetch (SM activity, then utilisation).
+        assert_eq!(
+            got,
+            [
+                "bearer token-1",
+                "bearer token-1",
+                "bearer token-2",
+                "bearer token-2",
+                "basic dtpwdw==",
+                "basic dtpwdw=="
+            ]
+        );
+        // An unreadable secret: no query, a reason.
+        std::fs::remove_file(&secret).unwrap();
+        let e = bearer.fetch().await.unwrap_err();
+        assert_eq!(
+            (e.kind(), e.reason()),
+            ("credentials", "CredentialsUnreadable")
+        );
+        assert_eq!(heads.lock().unwrap().len(), 6);
+        std::fs::write(&secret, "   \n").unwrap();
+        assert_eq!(bearer.fetch().await.unwrap_err().kind(), "credentials");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
