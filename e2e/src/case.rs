@@ -124,16 +124,27 @@ impl Case {
         pod_uids(&self.client, self.ns.name()).await.unwrap()
     }
 
-    /// A DryRun policy for 8-GPU shapes evicting one pod at a time, at most `max_run` per run.
-    pub async fn one_at_a_time_policy(&self, max_run: i64) {
-        let spec = self.spec(
-            json!([{"gpus": 8}]),
-            json!({"maxEvictionsPerRun": max_run, "maxEvictionsPerNode": 8,
-                   "maxEvictionsPerNamespace": 20, "maxInFlight": 1}),
-        );
+    /// Creates the test's policy with `spec` (named after the namespace, labelled for the
+    /// test's operator).
+    pub async fn create_policy(&self, spec: Value) {
         create_policy(&self.client, self.name(), self.name(), spec)
             .await
             .unwrap();
+    }
+
+    /// Creates the test's DryRun policy ([`Case::spec`]).
+    pub async fn dry_run_policy(&self, shapes: Value, limits: Value) {
+        self.create_policy(self.spec(shapes, limits)).await;
+    }
+
+    /// A DryRun policy for 8-GPU shapes evicting one pod at a time, at most `max_run` per run.
+    pub async fn one_at_a_time_policy(&self, max_run: i64) {
+        self.dry_run_policy(
+            json!([{"gpus": 8}]),
+            json!({"maxEvictionsPerRun": max_run, "maxEvictionsPerNode": 8,
+                   "maxEvictionsPerNamespace": 20, "maxInFlight": 1}),
+        )
+        .await;
     }
 
     /// The plan's `totalMoves` once the operator has published a non-empty dry-run plan.

@@ -50,17 +50,11 @@ async fn dry_run_reports_plan_and_evicts_nothing() {
         .await
         .unwrap();
     assert_eq!(kept.len(), 4);
-    create_policy(
-        &c.client,
-        c.name(),
-        c.name(),
-        c.spec(
-            json!([{"gpus": 4}]),
-            json!({"maxEvictionsPerRun": 10, "maxEvictionsPerNode": 4, "maxEvictionsPerNamespace": 10}),
-        ),
+    c.dry_run_policy(
+        json!([{"gpus": 4}]),
+        json!({"maxEvictionsPerRun": 10, "maxEvictionsPerNode": 4, "maxEvictionsPerNamespace": 10}),
     )
-    .await
-    .unwrap();
+    .await;
     let before = c.uids().await;
     // This one also elects itself leader, with the project's Lease Role in the namespace.
     bind_lease_role(&c.client, c.name()).await.unwrap();
@@ -144,18 +138,12 @@ async fn enforce_in_open_window_makes_room_for_the_pending_8_gpu_pod() {
         .unwrap();
     c.pending_training_job().await;
     let (max_run, max_node) = (8, 4);
-    create_policy(
-        &c.client,
-        c.name(),
-        c.name(),
-        c.spec(
-            json!([{"gpus": 8, "weight": 1}, {"gpus": 1, "weight": 1}]),
-            json!({"maxEvictionsPerRun": max_run, "maxEvictionsPerNode": max_node,
-                   "maxEvictionsPerNamespace": 20, "maxInFlight": 2}),
-        ),
+    c.dry_run_policy(
+        json!([{"gpus": 8, "weight": 1}, {"gpus": 1, "weight": 1}]),
+        json!({"maxEvictionsPerRun": max_run, "maxEvictionsPerNode": max_node,
+               "maxEvictionsPerNamespace": 20, "maxInFlight": 2}),
     )
-    .await
-    .unwrap();
+    .await;
     let _op = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
     let st = wait_status(&c.client, c.name(), "a dry-run plan", T, |s| {
         int_at(s, "/plan/totalMoves").unwrap_or(0) > 0
@@ -302,9 +290,7 @@ async fn closed_window_evicts_nothing_and_reports_the_next_window() {
     spec["mode"] = json!("Enforce");
     spec["windows"] =
         json!([{"schedule": "0 3 1 1 *", "duration": "1h", "timeZone": "Asia/Shanghai"}]);
-    create_policy(&c.client, c.name(), c.name(), spec)
-        .await
-        .unwrap();
+    c.create_policy(spec).await;
     let before = c.uids().await;
     let (start, end) = next_new_year_0300_shanghai();
     let op = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
@@ -452,7 +438,7 @@ async fn protected_pods_are_never_evicted_and_are_reported() {
                "maxEvictionsPerNamespace": 20, "maxInFlight": 2}),
     );
     spec["priority"] = json!({"maxPriority": 1000});
-    create_policy(&c.client, &ns, &ns, spec).await.unwrap();
+    c.create_policy(spec).await;
     let _op = Operator::start(c.cluster, &ns, &[]).await.unwrap();
     let want_skipped = [
         ("pdb-exhausted", 2),
@@ -937,17 +923,11 @@ async fn koordinator_device_objects_are_watched() {
     wait_ready_pods(&c.client, c.name(), "koord=true", 3, T)
         .await
         .unwrap();
-    create_policy(
-        &c.client,
-        c.name(),
-        c.name(),
-        c.spec(
-            json!([{"gpus": 1}]),
-            json!({"maxEvictionsPerRun": 10, "maxEvictionsPerNode": 4, "maxEvictionsPerNamespace": 10}),
-        ),
+    c.dry_run_policy(
+        json!([{"gpus": 1}]),
+        json!({"maxEvictionsPerRun": 10, "maxEvictionsPerNode": 4, "maxEvictionsPerNamespace": 10}),
     )
-    .await
-    .unwrap();
+    .await;
     let _op = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
     let known = |s: &Value| s.pointer("/skipped/unknown-allocation").is_none();
     let st = wait_status(&c.client, c.name(), "a plan over known pods", T, |s| {

@@ -16,12 +16,13 @@ use std::{
 use anyhow::{Context, Result, anyhow};
 use gpu_defrag_e2e::{
     TestCluster,
+    case::Case,
     fixtures::wait_for,
     operator::{
-        Operator, Pool, condition_parts, create_policy, delete_policy, float_at, fragment, int_at,
+        Operator, condition_parts, create_policy, delete_policy, float_at, fragment, int_at,
         operator_binary, pod_uids, policy_status, wait_status,
     },
-    repo_root, shared,
+    repo_root,
 };
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::{
@@ -137,29 +138,16 @@ impl Kubectl {
 /// live cluster with the in-cluster policy, agree with the operator, and change nothing.
 #[tokio::test]
 async fn kubectl_gpu_defrag_shows_status_report_and_plan() {
-    let cluster = shared().await.expect("local control plane");
-    let ns = cluster.namespace("plugin").await.unwrap();
-    let name = ns.name().to_string();
-    let client = cluster.client().unwrap();
-    let pool = Pool::create(cluster, &name, 2, 4).await.unwrap();
+    let c = Case::new("plugin", 2, 4).await;
+    let (cluster, client, name, pool) =
+        (c.cluster, c.client.clone(), c.name().to_string(), &c.pool);
     // Two 4-GPU nodes, two 1-GPU pods on each: a 4-GPU pod fits nowhere.
-    fragment(&client, &name, &pool, &[2, 2]).await.unwrap();
-    create_policy(
-        &client,
-        &name,
-        &name,
-        json!({
-            "mode": "DryRun",
-            "nodeSelector": pool.selector(),
-            "namespaces": {"include": [name]},
-            "target": {"shapes": [{"gpus": 4}]},
-            "limits": {"maxEvictionsPerRun": 10, "maxEvictionsPerNode": 4,
-                       "maxEvictionsPerNamespace": 10},
-            "safety": {"minPodAge": "0s"},
-        }),
+    fragment(&client, &name, pool, &[2, 2]).await.unwrap();
+    c.dry_run_policy(
+        json!([{"gpus": 4}]),
+        json!({"maxEvictionsPerRun": 10, "maxEvictionsPerNode": 4, "maxEvictionsPerNamespace": 10}),
     )
-    .await
-    .unwrap();
+    .await;
     // A second policy the operator refuses: an unknown time zone (Ready=False, an event).
     let bad = format!("{name}-bad");
     create_policy(

@@ -25,10 +25,10 @@ use std::{
 
 use anyhow::{Context, Result, anyhow, bail};
 use gpu_defrag_e2e::{
+    case::Case,
     fixtures::wait_for,
-    operator::{Operator, Pool, create_policy, delete_policy, float_at, fragment, int_at},
+    operator::{Operator, delete_policy, float_at, fragment, int_at},
     process::{free_port, log_tail, signal_group},
-    shared,
 };
 use serde_json::{Value, json};
 
@@ -337,30 +337,16 @@ fn unix_now() -> f64 {
 async fn prometheus_stores_the_status_fragment_rate() {
     // Before anything else: without the package this test fails, it does not skip.
     prometheus_binary().unwrap();
-    let cluster = shared().await.expect("local control plane");
-    let ns = cluster.namespace("prom").await.unwrap();
-    let name = ns.name().to_string();
-    let client = cluster.client().unwrap();
-    let pool = Pool::create(cluster, &name, 3, 4).await.unwrap();
+    let c = Case::new("prom", 3, 4).await;
+    let (cluster, client, name) = (c.cluster, c.client.clone(), c.name().to_string());
     // Three 4-GPU nodes holding 2, 2 and 1 1-GPU pods, 3-GPU targets: the 4 free GPUs of
     // the first two nodes are fragments, 4 of 7 (a rate with no short decimal form).
-    fragment(&client, &name, &pool, &[2, 2, 1]).await.unwrap();
-    create_policy(
-        &client,
-        &name,
-        &name,
-        json!({
-            "mode": "DryRun",
-            "nodeSelector": pool.selector(),
-            "namespaces": {"include": [name]},
-            "target": {"shapes": [{"gpus": 3}]},
-            "limits": {"maxEvictionsPerRun": 10, "maxEvictionsPerNode": 4,
-                       "maxEvictionsPerNamespace": 10},
-            "safety": {"minPodAge": "0s"},
-        }),
+    fragment(&client, &name, &c.pool, &[2, 2, 1]).await.unwrap();
+    c.dry_run_policy(
+        json!([{"gpus": 3}]),
+        json!({"maxEvictionsPerRun": 10, "maxEvictionsPerNode": 4, "maxEvictionsPerNamespace": 10}),
     )
-    .await
-    .unwrap();
+    .await;
     let metrics_addr = format!("127.0.0.1:{}", free_port().unwrap());
     let op = Operator::start(cluster, &name, &["--metrics-addr", &metrics_addr])
         .await
@@ -626,12 +612,10 @@ async fn scrape(addr: &str) -> Result<String> {
 #[tokio::test]
 async fn idle_allocated_gpus_come_from_dcgm_series_in_prometheus() {
     prometheus_binary().unwrap();
-    let cluster = shared().await.expect("local control plane");
-    let ns = cluster.namespace("idle").await.unwrap();
-    let name = ns.name().to_string();
-    let client = cluster.client().unwrap();
-    let pool = Pool::create(cluster, &name, 3, 4).await.unwrap();
-    fragment(&client, &name, &pool, &[2, 2, 1]).await.unwrap();
+    let c = Case::new("idle", 3, 4).await;
+    let (cluster, client, name, pool) =
+        (c.cluster, c.client.clone(), c.name().to_string(), &c.pool);
+    fragment(&client, &name, pool, &[2, 2, 1]).await.unwrap();
     let mut running: Vec<(String, String)> =
         gpu_defrag_e2e::fixtures::pods(&client, &name, "e2e-role=infer")
             .await
@@ -710,20 +694,7 @@ async fn idle_allocated_gpus_come_from_dcgm_series_in_prometheus() {
     a.serve(dcgm_text(&a_gpus));
     b.serve(dcgm_text(&b_gpus));
 
-    create_policy(
-        &client,
-        &name,
-        &name,
-        json!({
-            "mode": "DryRun",
-            "nodeSelector": pool.selector(),
-            "namespaces": {"include": [name]},
-            "target": {"shapes": [{"gpus": 3}]},
-            "safety": {"minPodAge": "0s"},
-        }),
-    )
-    .await
-    .unwrap();
+    c.dry_run_policy(json!([{"gpus": 3}]), json!({})).await;
     let metrics_addr = format!("127.0.0.1:{}", free_port().unwrap());
     let mut dcgm_b = Job::new("dcgm-b", &b.addr);
     dcgm_b.labels = vec![
@@ -925,12 +896,9 @@ const PROM_PASSWORD: &str = "e2e-prometheus-password";
 #[tokio::test]
 async fn idle_data_through_https_and_basic_auth() {
     prometheus_binary().unwrap();
-    let cluster = shared().await.expect("local control plane");
-    let ns = cluster.namespace("idletls").await.unwrap();
-    let name = ns.name().to_string();
-    let client = cluster.client().unwrap();
-    let pool = Pool::create(cluster, &name, 1, 2).await.unwrap();
-    fragment(&client, &name, &pool, &[1]).await.unwrap();
+    let c = Case::new("idletls", 1, 2).await;
+    let (cluster, client, name) = (c.cluster, c.client.clone(), c.name().to_string());
+    fragment(&client, &name, &c.pool, &[1]).await.unwrap();
     let pods = gpu_defrag_e2e::fixtures::pods(&client, &name, "e2e-role=infer")
         .await
         .unwrap();
@@ -947,20 +915,7 @@ async fn idle_data_through_https_and_basic_auth() {
         sm_active: Some(0.02),
         gpu_util: Some(3.0),
     }]));
-    create_policy(
-        &client,
-        &name,
-        &name,
-        json!({
-            "mode": "DryRun",
-            "nodeSelector": pool.selector(),
-            "namespaces": {"include": [name]},
-            "target": {"shapes": [{"gpus": 2}]},
-            "safety": {"minPodAge": "0s"},
-        }),
-    )
-    .await
-    .unwrap();
+    c.dry_run_policy(json!([{"gpus": 2}]), json!({})).await;
 
     // TLS and the user: a CA of the test's own, a certificate for 127.0.0.1.
     let dir = cluster.work_dir().join(format!("prometheus-{name}"));
