@@ -174,6 +174,25 @@ pub struct Plan {
     pub pending_served: Vec<String>,
 }
 
+impl Batch {
+    /// The node this batch fences during a run: node and group drains fence their node;
+    /// a GPU drain fences only its GPU (the node keeps receiving pods).
+    pub fn fenced_node(&self) -> Option<&str> {
+        (self.kind != UnitKind::Gpu).then_some(self.node.as_str())
+    }
+}
+
+/// The nodes `batches` fence, sorted, each once.
+fn fenced_nodes_of(batches: &[Batch]) -> Vec<String> {
+    batches
+        .iter()
+        .filter_map(Batch::fenced_node)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .map(str::to_string)
+        .collect()
+}
+
 impl Plan {
     /// The plan cut to its first `n` batches: the moves of those batches, their fences,
     /// and the totals expected after the last one kept. Skipped counts stay; the pending
@@ -184,13 +203,7 @@ impl Plan {
         }
         let batches = self.batches[..n].to_vec();
         let moves = self.moves.iter().filter(|m| m.batch < n).cloned().collect();
-        let fenced_nodes = batches
-            .iter()
-            .filter(|b| b.kind != UnitKind::Gpu)
-            .map(|b| b.node.clone())
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
+        let fenced_nodes = fenced_nodes_of(&batches);
         Plan {
             before: self.before,
             after: batches.last().map_or(self.before, |b| b.after),
@@ -1202,13 +1215,7 @@ pub fn plan_with_activity(
         last.after = frag::totals(cluster, &st.cap, &policy.scope, &shapes);
     }
     let after = batches.last().map(|b| b.after).unwrap_or(before);
-    let fenced_nodes = batches
-        .iter()
-        .filter(|b| b.kind != UnitKind::Gpu)
-        .map(|b| b.node.clone())
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
+    let fenced_nodes = fenced_nodes_of(&batches);
     Plan {
         before,
         after,

@@ -192,8 +192,10 @@ pub fn batches_within_record(rec: &RunRecord, plan: &Plan) -> usize {
         rec.fenced_nodes.iter().map(String::as_str).collect();
     let mut moves = plan.moves.iter().peekable();
     for (i, b) in plan.batches.iter().enumerate() {
-        if b.kind != gpu_defrag_core::plan::UnitKind::Gpu && fenced.insert(&b.node) {
-            bytes += b.node.len() + 3;
+        if let Some(node) = b.fenced_node()
+            && fenced.insert(node)
+        {
+            bytes += node.len() + 3;
         }
         while let Some(m) = moves.next_if(|m| m.batch == i) {
             bytes += m.pod.len() + 3;
