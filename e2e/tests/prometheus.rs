@@ -773,10 +773,21 @@ async fn idle_allocated_gpus_come_from_dcgm_series_in_prometheus() {
         started.elapsed()
     );
     eprintln!(
-        "idle pods after {:.1}s: {}",
+        "first idle pods after {:.1}s: {}",
         started.elapsed().as_secs_f64(),
         serde_json::to_string(&status["idleAllocated"]).unwrap()
     );
+    // The two exporters are scraped at different moments, so one's series may cover the
+    // window a scrape before the other's: the full answer is read once every pod is measured.
+    let status = gpu_defrag_e2e::operator::wait_status(
+        &client,
+        &name,
+        "all five GPU pods measured",
+        Duration::from_secs(60),
+        |s| int_at(s, "/idleAllocated/measuredPods") == Some(5),
+    )
+    .await
+    .unwrap();
     assert_eq!(idle_names(&status), idle_pods, "{status:#}");
     let at = |p: &str| int_at(&status, &format!("/idleAllocated/{p}"));
     assert_eq!(
