@@ -974,3 +974,190 @@ async fn koordinator_device_objects_are_watched() {
     }
     c.cleanup(&[c.name()]).await;
 }
+
+/// A node's `hami.io/device-cordon` value and taint keys, as a watch saw them.
+type NodeFenceState = (Option<String>, Vec<String>);
+
+/// A HAMi node's GPU record: GPUs `uuids`, 80 GiB each, split in 10.
+fn hami_register(uuids: &[String]) -> String {
+    let devs: Vec<Value> = uuids
+        .iter()
+        .enumerate()
+        .map(|(i, u)| {
+            json!({"id": u, "index": i, "count": 10, "devmem": 81920, "devcore": 100,
+                "type": "NVIDIA-H100", "numa": 0, "mode": "hami-core", "health": true})
+        })
+        .collect();
+    Value::Array(devs).to_string()
+}
+
+/// A one-replica Deployment whose pods hold `cores`% of GPU `uuid` on `node`, as HAMi's
+/// scheduler records it (the test plays HAMi: every pod of it, replacements included,
+/// carries the record of the template).
+fn hami_deployment(pool: &Pool, app: &str, node: &str, uuid: &str, cores: u32) -> Deployment {
+    let record = format!("{uuid},NVIDIA,8192,{cores}:;");
+    let res = json!({"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"});
+    let mut d: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": app, "labels": {"app": app}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": app}},
+            "template": {
+                "metadata": {
+                    "labels": {"app": app, "hami": "true"},
+                    "annotations": {"hami.io/vgpu-devices-allocated": record},
+                },
+                "spec": {
+                    "terminationGracePeriodSeconds": 0,
+                    "nodeSelector": {"kubernetes.io/hostname": node},
+                    "containers": [{"name": "main", "image": FAKE_IMAGE,
+                        "resources": {"requests": res, "limits": res}}],
+                },
+            },
+        },
+    }))
+    .unwrap();
+    pool.place(d.spec.template.spec.as_mut().unwrap()).unwrap();
+    d
+}
+
+/// HAMi: draining one GPU fences that GPU only, in the node's `hami.io/device-cordon`
+/// (the node keeps receiving pods: no taint). An administrator's cordon already there is
+/// kept during the run and left after it; the run's own
+/// entry is there while it evicts and gone when it ends. The replacement carries the old
+/// record (this test plays a HAMi that ignores the cordon), so it lands back on the fenced
+/// GPU: the run reports it as a bounce.
+#[tokio::test]
+async fn hami_single_gpu_drain_cordons_only_that_gpu() {
+    let mut c = Case::new("hami", 0, 3).await;
+    let uuids: Vec<String> = ["admin", "b", "c"]
+        .iter()
+        .map(|g| format!("GPU-{}-{g}", c.name()))
+        .collect();
+    let admin = &uuids[0];
+    let nodes = c
+        .cluster
+        .add_nodes(
+            &GpuNodes::new(1, 30)
+                .name_prefix(c.name())
+                .label(POOL_LABEL, c.name())
+                .taint(POOL_LABEL, c.name(), "NoSchedule")
+                .annotation("hami.io/node-nvidia-register", hami_register(&uuids))
+                .annotation("hami.io/device-cordon", format!(" {admin} ")),
+        )
+        .await
+        .unwrap();
+    c.pool.nodes = nodes.clone();
+    let node = nodes[0].clone();
+    for (app, uuid, cores) in [("x", &uuids[1], 30), ("y", &uuids[2], 60)] {
+        c.deployments()
+            .create(
+                &PostParams::default(),
+                &hami_deployment(&c.pool, app, &node, uuid, cores),
+            )
+            .await
+            .unwrap();
+    }
+    wait_ready_pods(&c.client, c.name(), "hami=true", 2, T)
+        .await
+        .unwrap();
+    c.dry_run_policy(
+        json!([{"gpus": 1}]),
+        json!({"maxEvictionsPerRun": 1, "maxEvictionsPerNode": 1, "maxEvictionsPerNamespace": 1}),
+    )
+    .await;
+
+    // Every value the node's cordon list takes, from a watch (no change is missed).
+    let seen: std::sync::Arc<std::sync::Mutex<Vec<NodeFenceState>>> = Default::default();
+    let watch = {
+        let (seen, api) = (seen.clone(), Api::<Node>::all(c.client.clone()));
+        let cfg =
+            kube::runtime::watcher::Config::default().fields(&format!("metadata.name={node}"));
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            use kube::runtime::WatchStreamExt;
+            let mut events = kube::runtime::watcher(api, cfg)
+                .default_backoff()
+                .applied_objects()
+                .boxed();
+            while let Some(event) = events.next().await {
+                let Ok(n) = event else { continue };
+                let a = n.metadata.annotations.unwrap_or_default();
+                let taints: Vec<String> = n
+                    .spec
+                    .and_then(|s| s.taints)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|t| t.key)
+                    .collect();
+                let mut s = seen.lock().unwrap();
+                let v = (a.get("hami.io/device-cordon").cloned(), taints);
+                if s.last() != Some(&v) {
+                    s.push(v);
+                }
+            }
+        })
+    };
+
+    let _op = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
+    let st = wait_status(&c.client, c.name(), "a plan draining one GPU", T, |s| {
+        int_at(s, "/plan/totalMoves") == Some(1)
+    })
+    .await
+    .unwrap();
+    // One pod moves to the other used GPU of the node (the administrator's GPU takes none).
+    let m = &st["plan"]["moves"][0];
+    let (from, to) = (strings_at(m, "/fromDevices"), strings_at(m, "/toDevices"));
+    assert_eq!((from.len(), to.len()), (1, 1), "{st:#}");
+    let drained = from[0].clone();
+    assert!(
+        drained != *admin && to[0] != *admin && to[0] != drained,
+        "{st:#}"
+    );
+    assert_eq!(str_at(m, "/toNode"), Some(node.as_str()));
+
+    c.enforce_now().await;
+    let st = wait_status(
+        &c.client,
+        c.name(),
+        "the run to finish",
+        RUN_TIMEOUT,
+        has_finished_run,
+    )
+    .await
+    .unwrap();
+    let run = &st["lastRuns"][0];
+    assert_eq!(
+        (int_at(run, "/evicted"), int_at(run, "/bounced")),
+        (Some(1), Some(1)),
+        "{run:#}"
+    );
+    assert_eq!(
+        run.pointer("/fencedDevices"),
+        Some(&json!([{"node": node, "gpu": drained}])),
+        "{run:#}"
+    );
+    assert_eq!(strings_at(run, "/fencedNodes"), Vec::<String>::new());
+
+    // The node as the run left it: the administrator's cordon, nothing of the run's.
+    let n = Api::<Node>::all(c.client.clone()).get(&node).await.unwrap();
+    let a = n.metadata.annotations.unwrap_or_default();
+    assert_eq!(a.get("hami.io/device-cordon"), Some(admin), "{a:?}");
+    assert!(!a.contains_key("gpu-defrag.io/device-cordon"), "{a:?}");
+    watch.abort();
+    let seen = seen.lock().unwrap().clone();
+    let lists: Vec<Option<String>> = seen.iter().map(|(l, _)| l.clone()).collect();
+    assert!(
+        lists.contains(&Some(format!("{admin},{drained}"))),
+        "the drained GPU was never cordoned: {seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .all(|(_, t)| !t.iter().any(|k| k == "gpu-defrag.io/draining")),
+        "a GPU drain tainted the node: {seen:?}"
+    );
+    assert_eq!(lists.last(), Some(&Some(admin.clone())), "{seen:?}");
+    c.cleanup(&[c.name()]).await;
+}

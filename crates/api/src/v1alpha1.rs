@@ -562,11 +562,31 @@ pub struct WindowTimes {
     pub open: bool,
 }
 
+/// One GPU fenced by itself.
+#[derive(
+    Serialize,
+    Deserialize,
+    Clone,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Default,
+    schemars::JsonSchema,
+)]
+pub struct FencedDevice {
+    /// Node of the GPU.
+    pub node: String,
+    /// The GPU's UUID.
+    pub gpu: String,
+}
+
 /// A run: one execution of the plan inside one window.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunRecord {
-    /// Unique id of the run (also the value of the draining taints it sets).
+    /// Unique id of the run.
     pub id: String,
     /// When it started (RFC 3339).
     pub started_at: String,
@@ -584,6 +604,10 @@ pub struct RunRecord {
     /// Nodes fenced (tainted) by the run.
     #[serde(default)]
     pub fenced_nodes: Vec<String>,
+    /// Single GPUs fenced by the run (on HAMi nodes: listed in the node's
+    /// `hami.io/device-cordon` annotation while the run lasts).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fenced_devices: Vec<FencedDevice>,
     /// Evictions planned at the start.
     pub planned: i64,
     /// Evictions the API server accepted (counted against the limits).

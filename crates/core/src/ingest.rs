@@ -4,7 +4,7 @@
 //! Rule: a pod whose GPU record is missing, malformed or contradicts its requests, its
 //! node's inventory or other pods' records becomes [`GpuUse::Unknown`]; its node is never
 //! drained. Nothing here panics on any input.
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1 as corev1;
@@ -332,6 +332,23 @@ fn build_node(
         } else {
             formats::parse_volcano_node_register(v)
         };
+        // GPUs cordoned on a HAMi node (by an administrator or another tool) receive no
+        // pod: they are read as unhealthy. Those a run of this operator cordoned stay as
+        // they are (the run is emptying them; its plan counts them as freed).
+        let cordoned: BTreeSet<String> = match annotations.get(crate::fence::HAMI_DEVICE_CORDON) {
+            Some(list) if hami => {
+                let ours: BTreeSet<String> = crate::fence::claims(&annotations)
+                    .unwrap_or_default()
+                    .into_values()
+                    .flatten()
+                    .collect();
+                crate::fence::cordoned(list)
+                    .into_iter()
+                    .filter(|g| !ours.contains(g))
+                    .collect()
+            }
+            _ => BTreeSet::new(),
+        };
         match parsed {
             Ok(devs) => {
                 if n.model.is_none() {
@@ -341,7 +358,10 @@ fn build_node(
                     &mut n,
                     &mut ctx,
                     devs.into_iter()
-                        .map(|d| (d.id, Some(d.devmem_mib), d.healthy))
+                        .map(|d| {
+                            let healthy = d.healthy && !cordoned.contains(&d.id);
+                            (d.id, Some(d.devmem_mib), healthy)
+                        })
                         .collect(),
                 );
             }

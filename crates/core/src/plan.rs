@@ -144,6 +144,10 @@ pub struct Batch {
     /// GPU key, for GPU units.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu: Option<String>,
+    /// The GPU of this GPU unit can be fenced by itself during a run: the node is a HAMi
+    /// node, whose scheduler keeps new pods off the GPUs listed in `hami.io/device-cordon`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub device_fence: bool,
     /// Moves in it.
     pub moves: usize,
     /// Fragment milli it removes (expected).
@@ -170,8 +174,19 @@ pub struct Plan {
     pub shapes: Vec<TargetShape>,
     /// Nodes that receive no pod back during the run (fence them).
     pub fenced_nodes: Vec<String>,
+    /// Single GPUs that receive no pod back during the run (fence them by themselves).
+    pub fenced_devices: Vec<FencedDevice>,
     /// Pending pods expected to fit after the plan (fromPending).
     pub pending_served: Vec<String>,
+}
+
+/// One GPU fenced by itself during a run.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct FencedDevice {
+    /// Node.
+    pub node: String,
+    /// GPU key (a HAMi device UUID).
+    pub gpu: String,
 }
 
 impl Batch {
@@ -180,6 +195,29 @@ impl Batch {
     pub fn fenced_node(&self) -> Option<&str> {
         (self.kind != UnitKind::Gpu).then_some(self.node.as_str())
     }
+
+    /// The GPU this batch fences by itself during a run, where the node's scheduler can
+    /// keep pods off one GPU ([`Batch::device_fence`]); other GPU drains fence nothing.
+    pub fn fenced_device(&self) -> Option<FencedDevice> {
+        let gpu = self
+            .gpu
+            .as_ref()
+            .filter(|_| self.kind == UnitKind::Gpu && self.device_fence)?;
+        Some(FencedDevice {
+            node: self.node.clone(),
+            gpu: gpu.clone(),
+        })
+    }
+}
+
+/// The GPUs `batches` fence by themselves, sorted, each once.
+fn fenced_devices_of(batches: &[Batch]) -> Vec<FencedDevice> {
+    batches
+        .iter()
+        .filter_map(Batch::fenced_device)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect()
 }
 
 /// The nodes `batches` fence, sorted, each once.
@@ -204,6 +242,7 @@ impl Plan {
         let batches = self.batches[..n].to_vec();
         let moves = self.moves.iter().filter(|m| m.batch < n).cloned().collect();
         let fenced_nodes = fenced_nodes_of(&batches);
+        let fenced_devices = fenced_devices_of(&batches);
         Plan {
             before: self.before,
             after: batches.last().map_or(self.before, |b| b.after),
@@ -212,6 +251,7 @@ impl Plan {
             skipped: self.skipped.clone(),
             shapes: self.shapes.clone(),
             fenced_nodes,
+            fenced_devices,
             pending_served: Vec::new(),
         }
     }
@@ -1205,6 +1245,7 @@ pub fn plan_with_activity(
             kind: u.kind,
             node: cluster.nodes[u.node].name.clone(),
             gpu: u.gpu.map(|g| cluster.nodes[u.node].gpus[g].key.clone()),
+            device_fence: u.kind == UnitKind::Gpu && cluster.nodes[u.node].scheme == Scheme::Hami,
             moves: placed.len(),
             gain_milli: frag_before - after_batch.fragment_milli,
             after: after_batch,
@@ -1216,6 +1257,7 @@ pub fn plan_with_activity(
     }
     let after = batches.last().map(|b| b.after).unwrap_or(before);
     let fenced_nodes = fenced_nodes_of(&batches);
+    let fenced_devices = fenced_devices_of(&batches);
     Plan {
         before,
         after,
@@ -1224,6 +1266,7 @@ pub fn plan_with_activity(
         skipped,
         shapes,
         fenced_nodes,
+        fenced_devices,
         pending_served,
     }
 }

@@ -227,3 +227,21 @@ fn a_record_disagreeing_with_the_request_is_unknown() {
         GpuUse::Unknown(UnknownReason::DisagreesWithRequest(_))
     ));
 }
+
+/// GPUs a HAMi node lists in `hami.io/device-cordon` receive no pod: read as unhealthy,
+/// unless a run of this operator cordoned them (it is emptying them). Unreadable claims
+/// claim nothing, so every listed GPU is then out.
+#[test]
+fn hami_cordoned_gpus_receive_no_pod_unless_a_run_cordoned_them() {
+    let register = r#"[{"id":"GPU-a","index":0,"count":10,"devmem":81920,"devcore":100,"type":"NVIDIA-H100","numa":0,"mode":"hami-core","health":true},{"id":"GPU-b","index":1,"count":10,"devmem":81920,"devcore":100,"type":"NVIDIA-H100","numa":0,"mode":"hami-core","health":true},{"id":"GPU-c","index":2,"count":10,"devmem":81920,"devcore":100,"type":"NVIDIA-H100","numa":0,"mode":"hami-core","health":true}]"#;
+    let healthy = |claims: &str| -> Vec<bool> {
+        let text = format!(
+            "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Node\n  metadata:\n    name: h\n    annotations:\n      hami.io/node-nvidia-register: '{register}'\n      hami.io/device-cordon: ' GPU-b, GPU-c,'\n      gpu-defrag.io/device-cordon: '{claims}'\n  status:\n    allocatable: {{cpu: \"64\", memory: 512Gi, pods: \"110\", nvidia.com/gpu: \"30\"}}\n    conditions: [{{type: Ready, status: \"True\"}}]\n"
+        );
+        let c = build_cluster(&snapshot::parse(&text).unwrap(), None);
+        node(&c, "h").gpus.iter().map(|g| g.healthy).collect()
+    };
+    assert_eq!(healthy(r#"{"p":["GPU-c"]}"#), [true, false, true]);
+    assert_eq!(healthy("{}"), [true, false, false]);
+    assert_eq!(healthy("not json"), [true, false, false]);
+}

@@ -388,6 +388,8 @@ fn check_plan(c: &Cluster, pol: &Policy, pl: &Plan) -> Result<(), TestCaseError>
                 prop_assert!(after.nodes[n].gpus.iter().all(|g| g.used == 0));
             }
             UnitKind::Gpu => {
+                // Fenced by itself exactly where the scheduler can keep pods off one GPU.
+                prop_assert_eq!(b.device_fence, c.nodes[n].scheme == Scheme::Hami);
                 let g = c.nodes[n]
                     .gpus
                     .iter()
@@ -451,6 +453,16 @@ proptest! {
             .map(|b| b.node.as_str())
             .collect();
         prop_assert_eq!(cut.fenced_nodes.iter().map(String::as_str).collect::<BTreeSet<_>>(), want);
+        // and the GPUs of the GPU units kept (every device node here is a HAMi node).
+        let want: BTreeSet<(&str, &str)> = cut
+            .batches
+            .iter()
+            .filter(|b| b.kind == UnitKind::Gpu)
+            .map(|b| (b.node.as_str(), b.gpu.as_deref().unwrap_or_default()))
+            .collect();
+        let got: BTreeSet<(&str, &str)> =
+            cut.fenced_devices.iter().map(|d| (d.node.as_str(), d.gpu.as_str())).collect();
+        prop_assert_eq!(got, want);
         // What is expected after it is what applying it gives.
         let after = apply(&c, &cut);
         let t = frag::totals(&after, &Capacity::of(&after), &pol.scope, &cut.shapes);

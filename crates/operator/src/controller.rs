@@ -56,6 +56,10 @@ pub enum Error {
     /// Status could not be serialised.
     #[error("serialising status: {0}")]
     Json(#[from] serde_json::Error),
+    /// A node's fences could not be changed (unreadable fence annotations, or updates
+    /// that kept conflicting).
+    #[error("fencing: {0}")]
+    Fence(String),
 }
 
 impl Error {
@@ -66,6 +70,7 @@ impl Error {
             Error::Kube(kube::Error::Api(_)) => "ApiError",
             Error::Kube(_) => "Transport",
             Error::Json(_) => "Serialise",
+            Error::Fence(_) => "Fence",
         }
     }
 }

@@ -2,21 +2,23 @@
 //!
 //! Protocol of a run (restart-safe; every step is recorded before it is taken):
 //! 1. record the run in `status.activeRun` (with the nodes it will fence);
-//! 2. fence: `gpu-defrag.io/draining=<policy>:NoSchedule` on nodes being emptied;
+//! 2. fence: `gpu-defrag.io/draining=<policy>:NoSchedule` on nodes being emptied, and
+//!    single GPUs being emptied on HAMi nodes in `hami.io/device-cordon` ([`fence`]);
 //! 3. evict through the Eviction API only (never delete), at most `maxInFlight`
 //!    replacements pending at once; 429 = blocked by a PodDisruptionBudget: skip, report;
 //! 4. wait until each replacement is Ready and check where it landed (a landing on a
-//!    fenced node is a bounce: reported, the workload is backed off for the run);
+//!    fenced node or GPU is a bounce: reported, the workload is backed off for the run);
 //! 5. stop at window end (no new evictions; moves in flight finish), on a stall
 //!    (`rescheduleTimeout`), when pending GPU pods pile up, or on lost leadership;
 //! 6. remove the fences; write the outcome to `lastRuns`, events and metrics.
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use gpu_defrag_api::DRAINING_TAINT;
-use gpu_defrag_api::v1alpha1::{DefragPolicy, RunRecord};
+use gpu_defrag_api::v1alpha1::{DefragPolicy, FencedDevice, RunRecord};
+use gpu_defrag_core::fence;
 use gpu_defrag_core::frag;
 use gpu_defrag_core::ingest;
 use gpu_defrag_core::plan;
@@ -70,12 +72,20 @@ async fn write_runs(
     patch_status(&api, name, EXECUTOR_MANAGER, st).await
 }
 
-/// Rewrites a node's taints with `edit`, guarded by its resourceVersion (retried on
-/// conflicts), so a concurrent change by another controller is never lost.
-async fn edit_taints(
+/// A node's fences as an edit sees them: its taints and annotations.
+struct NodeFences {
+    taints: Vec<serde_json::Value>,
+    annotations: BTreeMap<String, String>,
+}
+
+/// Rewrites a node's taints and annotations with `edit`, guarded by its resourceVersion
+/// (retried on conflicts), so a concurrent change by another controller is never lost.
+/// An edit that cannot be made (unreadable fence annotations) is an error, nothing is
+/// written.
+async fn edit_node(
     ctx: &Ctx,
     node: &str,
-    edit: impl Fn(&mut Vec<serde_json::Value>),
+    edit: impl Fn(&mut NodeFences) -> Result<(), String>,
 ) -> Result<(), Error> {
     let api: Api<Node> = Api::all(ctx.client.clone());
     let mut last = None;
@@ -85,22 +95,44 @@ async fn edit_taints(
             Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
             Err(e) => return Err(e.into()),
         };
-        let mut taints: Vec<serde_json::Value> = n
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.as_ref())
-            .map(|t| {
-                t.iter()
-                    .filter_map(|t| serde_json::to_value(t).ok())
-                    .collect()
-            })
-            .unwrap_or_default();
-        let before = taints.clone();
-        edit(&mut taints);
-        if taints == before {
+        let before = NodeFences {
+            taints: n
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .map(|t| {
+                    t.iter()
+                        .filter_map(|t| serde_json::to_value(t).ok())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            annotations: n.metadata.annotations.clone().unwrap_or_default(),
+        };
+        let mut after = NodeFences {
+            taints: before.taints.clone(),
+            annotations: before.annotations.clone(),
+        };
+        edit(&mut after).map_err(|e| Error::Fence(format!("node {node}: {e}")))?;
+        let mut patch = json!({"metadata": {"resourceVersion": n.metadata.resource_version}});
+        if after.taints != before.taints {
+            patch["spec"] = json!({"taints": after.taints});
+        }
+        let mut changed: serde_json::Map<String, serde_json::Value> = serde_json::Map::new();
+        for (k, v) in &after.annotations {
+            if before.annotations.get(k) != Some(v) {
+                changed.insert(k.clone(), json!(v));
+            }
+        }
+        for k in before.annotations.keys() {
+            if !after.annotations.contains_key(k) {
+                changed.insert(k.clone(), serde_json::Value::Null);
+            }
+        }
+        if !changed.is_empty() {
+            patch["metadata"]["annotations"] = serde_json::Value::Object(changed);
+        } else if patch.get("spec").is_none() {
             return Ok(());
         }
-        let patch = json!({"metadata": {"resourceVersion": n.metadata.resource_version}, "spec": {"taints": taints}});
         match api
             .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -112,49 +144,98 @@ async fn edit_taints(
     }
     Err(last
         .map(Error::from)
-        .unwrap_or_else(|| Error::Json(serde::de::Error::custom("taint update kept conflicting"))))
+        .unwrap_or_else(|| Error::Fence(format!("node {node}: the update kept conflicting"))))
 }
 
 async fn set_taint(ctx: &Ctx, node: &str, policy: &str) -> Result<(), Error> {
     let want = crate::controller::draining_taint(policy);
-    edit_taints(ctx, node, |t| {
-        t.retain(|x| x.get("key").and_then(|k| k.as_str()) != Some(DRAINING_TAINT));
-        t.push(want.clone());
+    edit_node(ctx, node, |n| {
+        n.taints
+            .retain(|x| x.get("key").and_then(|k| k.as_str()) != Some(DRAINING_TAINT));
+        n.taints.push(want.clone());
+        Ok(())
     })
     .await
 }
 
 /// Removes this policy's fence from a node (fences of other policies stay).
 async fn remove_taint(ctx: &Ctx, node: &str, policy: &str) -> Result<(), Error> {
-    edit_taints(ctx, node, |t| {
-        t.retain(|x| {
+    edit_node(ctx, node, |n| {
+        n.taints.retain(|x| {
             !(x.get("key").and_then(|k| k.as_str()) == Some(DRAINING_TAINT)
                 && x.get("value").and_then(|v| v.as_str()) == Some(policy))
-        })
+        });
+        Ok(())
     })
     .await
 }
 
-/// Removes every fence this policy left on any node (from the node cache).
+/// Applies annotation changes computed by [`fence`].
+fn apply_changes(annotations: &mut BTreeMap<String, String>, changes: fence::Changes) {
+    for (k, v) in changes {
+        match v {
+            Some(v) => annotations.insert(k, v),
+            None => annotations.remove(&k),
+        };
+    }
+}
+
+/// Fences single GPUs of a node for this policy (`hami.io/device-cordon`, see [`fence`]).
+async fn cordon_devices(ctx: &Ctx, node: &str, gpus: &[String], policy: &str) -> Result<(), Error> {
+    edit_node(ctx, node, |n| {
+        let changes = fence::cordon(&n.annotations, policy, gpus)?;
+        apply_changes(&mut n.annotations, changes);
+        Ok(())
+    })
+    .await
+}
+
+/// Takes back every single-GPU fence this policy set on a node (fences of
+/// administrators and other policies stay).
+async fn uncordon_devices(ctx: &Ctx, node: &str, policy: &str) -> Result<(), Error> {
+    edit_node(ctx, node, |n| {
+        let changes = fence::uncordon(&n.annotations, policy)?;
+        apply_changes(&mut n.annotations, changes);
+        Ok(())
+    })
+    .await
+}
+
+/// The single GPUs of a run's record, by node.
+fn devices_by_node(devices: &[FencedDevice]) -> BTreeMap<String, Vec<String>> {
+    let mut by: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for d in devices {
+        by.entry(d.node.clone()).or_default().push(d.gpu.clone());
+    }
+    by
+}
+
+/// Removes every fence this policy left on any node (from the node cache): its draining
+/// taints and its single-GPU fences.
 pub async fn remove_stale_fences(ctx: &Ctx, policy: &str) -> Result<(), Error> {
-    let fenced: Vec<String> = ctx
-        .nodes
-        .state()
-        .iter()
-        .filter(|n| {
-            n.spec
-                .as_ref()
-                .and_then(|s| s.taints.as_ref())
-                .is_some_and(|ts| {
-                    ts.iter()
-                        .any(|t| t.key == DRAINING_TAINT && t.value.as_deref() == Some(policy))
-                })
-        })
-        .map(|n| n.name_any())
-        .collect();
-    for n in fenced {
-        info!(policy, node = %n, "removing a fence no run owns");
-        remove_taint(ctx, &n, policy).await?;
+    let nodes = ctx.nodes.state();
+    let tainted = nodes.iter().filter(|n| {
+        n.spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|ts| {
+                ts.iter()
+                    .any(|t| t.key == DRAINING_TAINT && t.value.as_deref() == Some(policy))
+            })
+    });
+    for n in tainted {
+        info!(policy, node = %n.name_any(), "removing a fence no run owns");
+        remove_taint(ctx, &n.name_any(), policy).await?;
+    }
+    let cordoned = nodes.iter().filter(|n| {
+        n.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| !fence::claimed_by(a, policy).is_empty())
+    });
+    for n in cordoned {
+        info!(policy, node = %n.name_any(), "removing single-GPU fences no run owns");
+        uncordon_devices(ctx, &n.name_any(), policy).await?;
     }
     Ok(())
 }
@@ -174,6 +255,9 @@ pub async fn abandon(
     };
     for n in &rec.fenced_nodes {
         remove_taint(ctx, n, &name).await?;
+    }
+    for n in devices_by_node(&rec.fenced_devices).keys() {
+        uncordon_devices(ctx, n, &name).await?;
     }
     remove_stale_fences(ctx, &name).await?;
     rec.result = result.into();
@@ -315,6 +399,23 @@ async fn run(
         .chain(plan.fenced_nodes.iter().cloned())
         .collect();
     rec.fenced_nodes = fenced.iter().cloned().collect();
+    let fenced_devices: BTreeSet<(String, String)> = rec
+        .fenced_devices
+        .iter()
+        .map(|d| (d.node.clone(), d.gpu.clone()))
+        .chain(
+            plan.fenced_devices
+                .iter()
+                .map(|d| (d.node.clone(), d.gpu.clone())),
+        )
+        .collect();
+    rec.fenced_devices = fenced_devices
+        .iter()
+        .map(|(node, gpu)| FencedDevice {
+            node: node.clone(),
+            gpu: gpu.clone(),
+        })
+        .collect();
     // 1. Record first, so a restart can resume or clean up.
     write_runs(&ctx, &name, Some(&rec), &last_runs).await?;
     if resume.is_none() {
@@ -334,6 +435,9 @@ async fn run(
     for n in &fenced {
         set_taint(&ctx, n, &name).await?;
     }
+    for (n, gpus) in devices_by_node(&rec.fenced_devices) {
+        cordon_devices(&ctx, &n, &gpus, &name).await?;
+    }
     // 3–5. Evict, pace, wait.
     let evict_api = |ns: &str| Api::<Pod>::namespaced(ctx.client.clone(), ns);
     let mut waits: Vec<Wait> = Vec::new();
@@ -347,7 +451,7 @@ async fn run(
                 &ctx,
                 &name,
                 &mut waits,
-                &fenced,
+                (&fenced, &fenced_devices),
                 &mut rec,
                 &mut backed_off,
                 timeout,
@@ -482,7 +586,7 @@ async fn run(
             &ctx,
             &name,
             &mut waits,
-            &fenced,
+            (&fenced, &fenced_devices),
             &mut rec,
             &mut backed_off,
             timeout,
@@ -495,6 +599,9 @@ async fn run(
     // 6. Unfence, record.
     for n in &fenced {
         remove_taint(&ctx, n, &name).await?;
+    }
+    for n in devices_by_node(&rec.fenced_devices).keys() {
+        uncordon_devices(&ctx, n, &name).await?;
     }
     let after_cluster = ctx.cluster(Some(Utc::now()));
     let after = frag::report(&after_cluster, &policy);
@@ -567,7 +674,7 @@ fn settle(
     ctx: &Ctx,
     policy: &str,
     waits: &mut Vec<Wait>,
-    fenced: &BTreeSet<String>,
+    (fenced, fenced_devices): (&BTreeSet<String>, &BTreeSet<(String, String)>),
     rec: &mut RunRecord,
     backed_off: &mut HashSet<(String, String)>,
     timeout: Duration,
@@ -588,11 +695,17 @@ fn settle(
                 .as_ref()
                 .and_then(|s| s.node_name.clone())
                 .unwrap_or_default();
-            if fenced.contains(&node) {
+            let on_fenced_gpu = hami_devices(r)
+                .into_iter()
+                .find(|g| fenced_devices.contains(&(node.clone(), g.clone())));
+            if fenced.contains(&node) || on_fenced_gpu.is_some() {
                 rec.bounced += 1;
                 ctx.metrics.eviction(policy, "bounced");
                 backed_off.insert(w.owner.clone());
-                warn!(pod = %w.pod, node = %node, "replacement landed on a fenced node");
+                match on_fenced_gpu {
+                    Some(gpu) => warn!(pod = %w.pod, node = %node, gpu = %gpu, "replacement landed on a fenced GPU (does the scheduler read hami.io/device-cordon?)"),
+                    None => warn!(pod = %w.pod, node = %node, "replacement landed on a fenced node"),
+                }
             }
             return false;
         }
@@ -610,4 +723,15 @@ fn settle(
         Some(m) => Err(Stop::Stalled(m)),
         None => Ok(()),
     }
+}
+
+/// The GPUs a pod's HAMi record names (none when it has no readable record).
+fn hami_devices(pod: &Pod) -> Vec<String> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ingest::HAMI_POD_ALLOCATED))
+        .and_then(|v| gpu_defrag_core::formats::parse_hami_pod_devices(v).ok())
+        .map(|c| c.into_iter().flatten().map(|d| d.uuid).collect())
+        .unwrap_or_default()
 }

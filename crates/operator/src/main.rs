@@ -281,6 +281,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                         "evictions": plan.moves.len(),
                         "skipped": plan.skipped,
                         "fencedNodes": plan.fenced_nodes,
+                        "fencedDevices": plan.fenced_devices,
                         "pendingServed": plan.pending_served,
                     });
                     println!("{}", serde_json::to_string_pretty(&v)?);

@@ -21,13 +21,13 @@ pub const MAX_STATUS_MOVES: usize = 50;
 pub const MAX_LAST_RUNS: usize = 5;
 /// Size the active run record stays under. It lists every pod the run evicted (so a
 /// restarted operator never repeats an eviction), every source node's count (per-node
-/// limits hold across a restart) and every fenced node; a plan whose record would not fit
+/// limits hold across a restart) and every fenced node and GPU; a plan whose record would not fit
 /// is cut to its first batches that do ([`batches_within_record`]), and the run says so.
 pub const MAX_ACTIVE_RUN_BYTES: usize = 48 * 1024;
 /// Evicted pod names kept in a finished run in `lastRuns` (its `evicted` counts them all).
 pub const MAX_FINISHED_RUN_PODS: usize = 20;
-/// Fenced nodes and per-node eviction counts kept in a finished run (the nodes with the
-/// most evictions first).
+/// Fences (nodes, then GPUs) and per-node eviction counts kept in a finished run (the
+/// nodes with the most evictions first).
 pub const MAX_FINISHED_RUN_NODES: usize = 20;
 /// Idle pods listed in `idleAllocated.idlePods` at most (`idleAllocated.pods` counts them
 /// all).
@@ -190,12 +190,23 @@ pub fn batches_within_record(rec: &RunRecord, plan: &Plan) -> usize {
         rec.evicted_per_node.keys().map(String::as_str).collect();
     let mut fenced: std::collections::BTreeSet<&str> =
         rec.fenced_nodes.iter().map(String::as_str).collect();
+    let mut fenced_gpus: std::collections::BTreeSet<(&str, &str)> = rec
+        .fenced_devices
+        .iter()
+        .map(|d| (d.node.as_str(), d.gpu.as_str()))
+        .collect();
     let mut moves = plan.moves.iter().peekable();
     for (i, b) in plan.batches.iter().enumerate() {
         if let Some(node) = b.fenced_node()
             && fenced.insert(node)
         {
             bytes += node.len() + 3;
+        }
+        if let (Some(gpu), true) = (b.gpu.as_deref(), b.fenced_device().is_some())
+            && fenced_gpus.insert((b.node.as_str(), gpu))
+        {
+            // {"node":"…","gpu":"…"},
+            bytes += b.node.len() + gpu.len() + 20;
         }
         while let Some(m) = moves.next_if(|m| m.batch == i) {
             bytes += m.pod.len() + 3;
@@ -213,7 +224,8 @@ pub fn batches_within_record(rec: &RunRecord, plan: &Plan) -> usize {
 /// `lastRuns` as written: the newest [`MAX_LAST_RUNS`] runs, each compacted. Only the
 /// active run is read back for limits and resumption, so a finished run keeps its counts
 /// (`planned`, `evicted`, …) in full but only the first [`MAX_FINISHED_RUN_PODS`] pod
-/// names and the [`MAX_FINISHED_RUN_NODES`] nodes with the most evictions.
+/// names, the first [`MAX_FINISHED_RUN_NODES`] fences and the [`MAX_FINISHED_RUN_NODES`]
+/// nodes with the most evictions.
 pub fn finished_runs(runs: &[RunRecord]) -> Vec<RunRecord> {
     runs.iter()
         .take(MAX_LAST_RUNS)
@@ -221,6 +233,9 @@ pub fn finished_runs(runs: &[RunRecord]) -> Vec<RunRecord> {
             let mut r = r.clone();
             r.evicted_pods.truncate(MAX_FINISHED_RUN_PODS);
             r.fenced_nodes.truncate(MAX_FINISHED_RUN_NODES);
+            // One budget for both kinds of fence: nodes first, then GPUs.
+            r.fenced_devices
+                .truncate(MAX_FINISHED_RUN_NODES.saturating_sub(r.fenced_nodes.len()));
             if r.evicted_per_node.len() > MAX_FINISHED_RUN_NODES {
                 let mut by_count: Vec<(String, i64)> = std::mem::take(&mut r.evicted_per_node)
                     .into_iter()
@@ -284,9 +299,11 @@ mod tests {
 mod bounds {
     use std::collections::BTreeMap;
 
-    use gpu_defrag_api::v1alpha1::{DefragPolicyStatus, DryRunCheck, WindowTimes};
+    use gpu_defrag_api::v1alpha1::{
+        DefragPolicyStatus, DryRunCheck, FencedDevice as ApiFencedDevice, WindowTimes,
+    };
     use gpu_defrag_core::frag::Totals;
-    use gpu_defrag_core::plan::{Batch, Move, UnitKind};
+    use gpu_defrag_core::plan::{Batch, FencedDevice, Move, UnitKind};
 
     use super::*;
 
@@ -330,10 +347,16 @@ mod bounds {
                 })
                 .collect(),
             batches: (0..moves / 4)
+                // Node drains and single-GPU drains of HAMi nodes, in turn.
                 .map(|i| Batch {
-                    kind: UnitKind::Node,
+                    kind: if i % 2 == 0 {
+                        UnitKind::Node
+                    } else {
+                        UnitKind::Gpu
+                    },
                     node: node_name(i),
-                    gpu: None,
+                    gpu: (i % 2 == 1).then(|| gpu(i)),
+                    device_fence: i % 2 == 1,
                     moves: 4,
                     gain_milli: 1000.0,
                     after: Totals::default(),
@@ -341,7 +364,14 @@ mod bounds {
                 .collect(),
             skipped: (0..5_000).map(|i| (name("reason", i, 60), 1)).collect(),
             shapes: vec![],
-            fenced_nodes: (0..moves / 4).map(node_name).collect(),
+            fenced_nodes: (0..moves / 4).step_by(2).map(node_name).collect(),
+            fenced_devices: (1..moves / 4)
+                .step_by(2)
+                .map(|i| FencedDevice {
+                    node: node_name(i),
+                    gpu: gpu(i),
+                })
+                .collect(),
             pending_served: (0..moves).map(pod_key).collect(),
         }
     }
@@ -356,6 +386,12 @@ mod bounds {
             result: "Partial".into(),
             message: "m".repeat(100_000),
             fenced_nodes: (0..n).map(node_name).collect(),
+            fenced_devices: (0..n)
+                .map(|i| ApiFencedDevice {
+                    node: node_name(i),
+                    gpu: gpu(i),
+                })
+                .collect(),
             planned: 20_000,
             evicted: n as i64,
             evicted_pods: (0..n).map(pod_key).collect(),
@@ -399,6 +435,15 @@ mod bounds {
         assert!(fit > 0 && fit < plan.batches.len(), "cut at {fit}");
         let taken = plan.first_batches(fit);
         active.fenced_nodes = taken.fenced_nodes.clone();
+        active.fenced_devices = taken
+            .fenced_devices
+            .iter()
+            .map(|d| ApiFencedDevice {
+                node: d.node.clone(),
+                gpu: d.gpu.clone(),
+            })
+            .collect();
+        assert!(!active.fenced_devices.is_empty());
         for m in &taken.moves {
             active.evicted_pods.push(m.pod.clone());
             *active
