@@ -35,6 +35,19 @@ fn all_text_parsers(s: &str) {
         (formats::keys::ALIYUN_GPU_MEM_DEV.to_string(), s.to_string()),
     ]);
     let _ = formats::parse_aliyun(&ann);
+    // The node's device fences: HAMi's list and the runs' claims, both from anyone.
+    let fences = BTreeMap::from([
+        (
+            gpu_defrag_core::fence::HAMI_DEVICE_CORDON.to_string(),
+            s.to_string(),
+        ),
+        (
+            gpu_defrag_core::fence::OWNED_DEVICE_CORDONS.to_string(),
+            s.to_string(),
+        ),
+    ]);
+    let _ = gpu_defrag_core::fence::cordon(&fences, "p", &[s.to_string()]);
+    let _ = gpu_defrag_core::fence::uncordon(&fences, "p");
     if let Ok(v) = serde_json::from_str::<serde_json::Value>(s) {
         let _ = formats::parse_koord_device_object(&v);
     }
