@@ -870,7 +870,7 @@ pub async fn run(
     // GPU activity: refreshed in the background; a change reconciles every policy.
     if let Some(src) = opts.idle.clone() {
         let tx = tx.clone();
-        tokio::spawn(src.run(ctx.metrics.clone(), move || {
+        tokio::spawn(src.run(ctx.metrics.clone(), ctx.leader.clone(), move || {
             let _ = tx.try_send(());
         }));
     }

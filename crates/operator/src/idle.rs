@@ -39,6 +39,7 @@ use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
 use tokio_rustls::rustls::{ClientConfig, RootCertStore};
 
+use crate::lease::LeaderState;
 use crate::metrics::Metrics;
 
 /// Largest Prometheus answer read (8,000 GPUs take about 3 MB).
@@ -238,6 +239,8 @@ pub enum Auth {
 
 /// Longest secret file read.
 const MAX_SECRET_BYTES: u64 = 64 * 1024;
+/// How often a standby looks whether it leads now (to start querying).
+const STANDBY_POLL: Duration = Duration::from_secs(1);
 
 impl Auth {
     /// The `Authorization` header value, if any.
@@ -534,11 +537,22 @@ impl IdleSource {
         parse_answer(status, &body)
     }
 
-    /// Refreshes every `refresh` until the process ends; `changed` is called when the set
-    /// of measured pods or an error appears or goes away (to reconcile at once).
-    pub async fn run(self, metrics: Metrics, changed: impl Fn() + Send + 'static) {
+    /// Refreshes every `refresh` until the process ends, while this replica leads (a
+    /// standby writes no status, so it does not load Prometheus; it starts querying the
+    /// moment it takes over). `changed` is called when the set of measured pods or an
+    /// error appears or goes away (to reconcile at once).
+    pub async fn run(
+        self,
+        metrics: Metrics,
+        leader: LeaderState,
+        changed: impl Fn() + Send + 'static,
+    ) {
         let mut last: Option<Result<HashMap<String, bool>, &'static str>> = None;
         loop {
+            if !leader.is_leader() {
+                tokio::time::sleep(self.cfg.refresh.min(STANDBY_POLL)).await;
+                continue;
+            }
             let result = self.fetch().await;
             let summary = match &result {
                 Ok(m) => Ok(m
@@ -1343,5 +1357,32 @@ mod tests {
         std::fs::write(&secret, "   \n").unwrap();
         assert_eq!(bearer.fetch().await.unwrap_err().kind(), "credentials");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A standby sends Prometheus nothing; it queries from the moment it leads.
+    #[tokio::test]
+    async fn only_the_leader_queries_prometheus() {
+        let body = answer(json!([]));
+        let (addr, heads) = recording_server(http("200 OK", &body));
+        let mut cfg = IdleArgs::for_url(&format!("http://{addr}"))
+            .config()
+            .unwrap()
+            .unwrap();
+        cfg.refresh = Duration::from_millis(50);
+        let src = IdleSource::new(cfg);
+        let leader = LeaderState::new();
+        let task = tokio::spawn(src.run(Metrics::default(), leader.clone(), || {}));
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(heads.lock().unwrap().len(), 0, "a standby queried");
+        leader.lead_until(std::time::Instant::now() + Duration::from_secs(600));
+        let t0 = std::time::Instant::now();
+        while heads.lock().unwrap().is_empty() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the leader never queried"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        task.abort();
     }
 }

@@ -86,7 +86,7 @@ impl LeaderState {
     }
 
     /// Leader until `deadline` (monotonic clock).
-    fn lead_until(&self, deadline: Instant) {
+    pub(crate) fn lead_until(&self, deadline: Instant) {
         if deadline <= Instant::now() {
             return self.step_down();
         }
