@@ -848,6 +848,8 @@ pub struct Seen {
     pub violations: BTreeMap<String, String>,
     /// Pool nodes ever seen fenced by the policy.
     pub fenced: BTreeSet<String>,
+    /// Pool nodes fenced in the previous sample.
+    pub fenced_before: BTreeSet<String>,
     /// Samples taken.
     pub samples: usize,
 }
@@ -946,12 +948,19 @@ async fn sample(
             gone_at: None,
             initial,
         });
+        // Bound since the previous sample (unbound or not listed then).
+        let newly_bound = entry.node.is_none() && node.is_some();
         if entry.node.is_none() {
             entry.node = node.clone();
         }
         let is_new = !entry.initial;
         let name = entry.name.clone();
-        if is_new && let Some(n) = node.filter(|n| fenced.contains(n)) {
+        // Bound between two samples that both show the fence: bound while it was there (a
+        // pod bound just before the fence appeared is not a violation).
+        if is_new
+            && newly_bound
+            && let Some(n) = node.filter(|n| fenced.contains(n) && s.fenced_before.contains(n))
+        {
             s.violations
                 .entry(uid)
                 .or_insert_with(|| format!("{ns}/{name} bound to {n} while it was fenced"));
@@ -962,6 +971,7 @@ async fn sample(
             p.gone_at = Some(now);
         }
     }
+    s.fenced_before = fenced;
     Ok(())
 }
 
