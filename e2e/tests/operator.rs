@@ -847,6 +847,31 @@ fn koord_deployment(pool: &Pool, app: &str, node: &str, minor: u32) -> Deploymen
     let record = json!({"gpu": [{"minor": minor,
         "resources": {"koordinator.sh/gpu-memory": "8Gi"}}]});
     let res = json!({"cpu": "1", "memory": "1Gi", "koordinator.sh/gpu-memory": "8Gi"});
+    recorded_deployment(
+        pool,
+        app,
+        node,
+        (
+            "koord",
+            (
+                "scheduling.koordinator.sh/device-allocated",
+                record.to_string(),
+            ),
+        ),
+        res,
+    )
+}
+
+/// A one-replica Deployment pinned to `node` whose pods (replacements included) carry
+/// the allocation record `annotation` of the template, labelled `<label>=true`, with
+/// `res` as requests and limits.
+fn recorded_deployment(
+    pool: &Pool,
+    app: &str,
+    node: &str,
+    (label, annotation): (&str, (&str, String)),
+    res: Value,
+) -> Deployment {
     let mut d: Deployment = serde_json::from_value(json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -856,8 +881,8 @@ fn koord_deployment(pool: &Pool, app: &str, node: &str, minor: u32) -> Deploymen
             "selector": {"matchLabels": {"app": app}},
             "template": {
                 "metadata": {
-                    "labels": {"app": app, "koord": "true"},
-                    "annotations": {"scheduling.koordinator.sh/device-allocated": record.to_string()},
+                    "labels": {"app": app, label: "true"},
+                    "annotations": {annotation.0: annotation.1},
                 },
                 "spec": {
                     "terminationGracePeriodSeconds": 0,
@@ -997,30 +1022,13 @@ fn hami_register(uuids: &[String]) -> String {
 fn hami_deployment(pool: &Pool, app: &str, node: &str, uuid: &str, cores: u32) -> Deployment {
     let record = format!("{uuid},NVIDIA,8192,{cores}:;");
     let res = json!({"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"});
-    let mut d: Deployment = serde_json::from_value(json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": app, "labels": {"app": app}},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": app}},
-            "template": {
-                "metadata": {
-                    "labels": {"app": app, "hami": "true"},
-                    "annotations": {"hami.io/vgpu-devices-allocated": record},
-                },
-                "spec": {
-                    "terminationGracePeriodSeconds": 0,
-                    "nodeSelector": {"kubernetes.io/hostname": node},
-                    "containers": [{"name": "main", "image": FAKE_IMAGE,
-                        "resources": {"requests": res, "limits": res}}],
-                },
-            },
-        },
-    }))
-    .unwrap();
-    pool.place(d.spec.template.spec.as_mut().unwrap()).unwrap();
-    d
+    recorded_deployment(
+        pool,
+        app,
+        node,
+        ("hami", ("hami.io/vgpu-devices-allocated", record)),
+        res,
+    )
 }
 
 /// HAMi: draining one GPU fences that GPU only, in the node's `hami.io/device-cordon`
