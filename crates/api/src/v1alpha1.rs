@@ -321,12 +321,45 @@ pub struct Safety {
     #[serde(default = "default_min_age")]
     #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 32))]
     pub min_pod_age: String,
-    /// Allow evicting pods owned by a Job (they restart from scratch).
+    /// Nodes that became Ready less recently than this receive no planned pod (a new
+    /// node's GPU stack and device plugin may still be settling). Measured from the
+    /// node's Ready condition's `lastTransitionTime`, else its creation time.
+    #[serde(default = "default_min_node_age")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 32))]
+    pub min_node_age: String,
+    /// Allow evicting pods owned by a Job (or a CronJob's Job). An evicted Job pod is
+    /// not moved, it is killed: the Job controller starts a new pod from scratch (all
+    /// progress not checkpointed is lost), and the eviction counts against the Job's
+    /// `backoffLimit` unless its `podFailurePolicy` ignores disruptions — a Job with
+    /// `backoffLimit: 0` fails for good.
     #[serde(default)]
     pub evict_job_pods: bool,
-    /// Allow evicting pods with `emptyDir`/local volumes (their data is lost).
+    /// Allow evicting pods with disk-backed `emptyDir` or `hostPath` volumes (their data
+    /// is lost). A memory-backed `emptyDir` (`medium: Memory`, the usual `/dev/shm`) is
+    /// not local storage.
     #[serde(default)]
     pub evict_local_storage: bool,
+    /// Allow evicting pods that mount a PersistentVolumeClaim (the replacement must be
+    /// able to attach the same volume on its new node: zonal and ReadWriteOnce volumes
+    /// often cannot).
+    #[serde(default)]
+    pub evict_pvc_pods: bool,
+    /// Allow evicting pods with a generic ephemeral volume (its PVC is deleted with the
+    /// pod and its data lost).
+    #[serde(default)]
+    pub evict_ephemeral_volume_pods: bool,
+    /// Allow evicting the last Ready replica of a workload (a single-replica Deployment,
+    /// say) even when no PodDisruptionBudget allows it. Without it, such a pod moves only
+    /// when a PDB covering it allows a disruption: its owner said so.
+    #[serde(default)]
+    pub evict_single_replicas: bool,
+    /// Controllers, besides Deployments, ReplicaSets and StatefulSets (and Jobs with
+    /// `evictJobPods`), whose pods may be moved, as `group/Kind` (`Kind` alone for the
+    /// core group), e.g. `example.com/InferenceServer`. Gangs are never moved, listed or
+    /// not.
+    #[serde(default)]
+    #[schemars(length(max = 32), inner(regex(pattern = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z][A-Za-z0-9]*$"), length(max = 253)))]
+    pub movable_owner_kinds: Vec<String>,
     /// How long to wait for an evicted pod's replacement to be Ready before the run stops
     /// as stalled.
     #[serde(default = "default_reschedule")]
@@ -342,8 +375,13 @@ impl Default for Safety {
     fn default() -> Self {
         Self {
             min_pod_age: default_min_age(),
+            min_node_age: default_min_node_age(),
             evict_job_pods: false,
             evict_local_storage: false,
+            evict_pvc_pods: false,
+            evict_ephemeral_volume_pods: false,
+            evict_single_replicas: false,
+            movable_owner_kinds: Vec::new(),
             reschedule_timeout: default_reschedule(),
             max_pending_gpu_pods: default_max_pending(),
         }
@@ -352,6 +390,9 @@ impl Default for Safety {
 
 fn default_min_age() -> String {
     "10m".into()
+}
+fn default_min_node_age() -> String {
+    "5m".into()
 }
 fn default_reschedule() -> String {
     "10m".into()

@@ -84,7 +84,7 @@ pub fn default_shapes(cluster: &Cluster, scope: &Scope) -> Vec<TargetShape> {
         }
         let in_scope = match p.node {
             Some(i) => scope.covers_node(&cluster.nodes[i]),
-            None => p.node_name.is_none(),
+            None => p.node_name.is_none() && scope.covers_namespace(&p.namespace),
         };
         if !in_scope {
             continue;
@@ -405,7 +405,12 @@ pub fn unplaceable_pending(cluster: &Cluster, cap: &Capacity, scope: &Scope) -> 
     let mut memo: HashMap<String, bool> = HashMap::new();
     let mut out = Vec::new();
     for (pi, p) in cluster.pods.iter().enumerate() {
-        if !(p.is_pending() && p.shape.is_some_and(|s| s.gpus > 0)) {
+        // Only pending pods the policy's namespaces cover are its demand: a pod in a
+        // namespace the policy excludes must not steer what it evicts.
+        if !(p.is_pending()
+            && p.shape.is_some_and(|s| s.gpus > 0)
+            && scope.covers_namespace(&p.namespace))
+        {
             continue;
         }
         let key = format!(
@@ -566,6 +571,8 @@ pub(crate) mod tests {
             mig: vec![],
             unknown_pods: 0,
             inconsistent: None,
+            ready_since: None,
+            starting: None,
         }
     }
 
@@ -681,10 +688,16 @@ pub(crate) mod tests {
             priority: 0,
             priority_class: None,
             owner: None,
-            created: None,
+            started: None,
             deleting: false,
             mirror: false,
             local_storage: false,
+        pvc: false,
+        ephemeral_volume: false,
+        resource_claims: false,
+        ready: true,
+        gang: None,
+        workload: None,
             node_selector: Default::default(),
             affinity: vec![],
             tolerations: vec![],
@@ -727,10 +740,16 @@ pub(crate) mod tests {
             priority: 0,
             priority_class: None,
             owner: None,
-            created: Some(chrono::DateTime::<chrono::Utc>::UNIX_EPOCH),
+            started: Some(chrono::DateTime::<chrono::Utc>::UNIX_EPOCH),
             deleting: false,
             mirror: false,
             local_storage: false,
+        pvc: false,
+        ephemeral_volume: false,
+        resource_claims: false,
+        ready: true,
+        gang: None,
+        workload: None,
             node_selector: Default::default(),
             affinity: vec![],
             tolerations: vec![],
@@ -805,9 +824,9 @@ pub(crate) mod tests {
         let t0 = chrono::DateTime::<chrono::Utc>::UNIX_EPOCH;
         let now = t0 + chrono::Duration::hours(4);
         let mut young = gpu_pod("young", 0, "a", GpuUse::Whole(1));
-        young.created = Some(now - chrono::Duration::minutes(239));
+        young.started = Some(now - chrono::Duration::minutes(239));
         let mut ageless = gpu_pod("ageless", 0, "a", GpuUse::Whole(1));
-        ageless.created = None;
+        ageless.started = None;
         let mut done = gpu_pod("done", 0, "a", GpuUse::Whole(1));
         done.phase = Phase::Succeeded;
         let unknown = gpu_pod(

@@ -10,8 +10,11 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1 as corev1;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
 use crate::formats::{self, FormatError};
 use crate::model::*;
+use crate::workload::{self, ControllerKind, ControllerObject, Listed};
 
 /// Resource name of whole NVIDIA GPUs.
 pub const NVIDIA_GPU: &str = "nvidia.com/gpu";
@@ -51,6 +54,32 @@ pub const KAI_GROUP: &str = "runai-gpu-group";
 /// Namespace of KAI's reservation pods.
 pub const KAI_RESERVATION_NS: &str = "kai-resource-reservation";
 
+/// Kubernetes' ReplicaSet scale-down cost; gpu-defrag reads it as a move cost.
+pub const POD_DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+/// Cluster Autoscaler's opt-out (`"false"`: never evicted).
+pub const SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
+/// Koordinator's eviction cost (int32; its maximum means "never evict").
+pub const KOORD_EVICTION_COST: &str = "scheduling.koordinator.sh/eviction-cost";
+/// Start-up taints: a node carrying one is still joining and receives no planned pod.
+pub const STARTUP_TAINTS: &[&str] = &[
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+    "node.kubernetes.io/network-unavailable",
+    "node.cloudprovider.kubernetes.io/uninitialized",
+    "node.cluster.x-k8s.io/uninitialized",
+    "karpenter.sh/unregistered",
+];
+/// Resources of the Koordinator device share: a `device-allocated` record counts only
+/// on a pod that requests one of them (or `nvidia.com/gpu`).
+const KOORD_RESOURCES: &[&str] = &[
+    KOORD_GPU_CORE,
+    "koordinator.sh/gpu-memory",
+    "koordinator.sh/gpu-memory-ratio",
+    "koordinator.sh/gpu.shared",
+    "koordinator.sh/gpu",
+    NVIDIA_GPU,
+];
+
 /// Resources that mean "a share of a GPU": a pod asking for any of them must carry a record.
 const SHARED_RESOURCES: &[&str] = &[
     "nvidia.com/gpumem",
@@ -75,7 +104,9 @@ const KEPT_ANNOTATIONS: &[&str] = &[
     gpu_defrag_api::DO_NOT_DISRUPT,
     gpu_defrag_api::KARPENTER_DO_NOT_DISRUPT,
     gpu_defrag_api::DESCHEDULER_PREFER_NO_EVICTION,
-    "controller.kubernetes.io/pod-deletion-cost",
+    POD_DELETION_COST,
+    SAFE_TO_EVICT,
+    KOORD_EVICTION_COST,
     "kubernetes.io/config.mirror",
     "kubernetes.io/config.source",
 ];
@@ -91,6 +122,14 @@ pub struct Objects {
     pub pdbs: Vec<PodDisruptionBudget>,
     /// Koordinator `Device` objects (raw JSON).
     pub devices: Vec<serde_json::Value>,
+    /// ReplicaSets, StatefulSets and Jobs (metadata): the pods' owner chains.
+    pub controllers: Vec<ControllerObject>,
+    /// Namespaces (metadata): their `gpu-defrag.io/do-not-disrupt` opt-out.
+    pub namespaces: Vec<ObjectMeta>,
+    /// Volcano and KAI PodGroup objects (raw JSON).
+    pub pod_groups: Vec<serde_json::Value>,
+    /// Which of these kinds the input lists in full.
+    pub listed: Listed,
 }
 
 /// Per-pod resource requests, summed over containers (init containers: the max).
@@ -228,9 +267,22 @@ fn build_node(
     let annotations = meta.annotations.clone().unwrap_or_default();
     let spec = node.spec.clone().unwrap_or_default();
     let status = node.status.as_ref();
-    let ready = status
+    let ready_condition = status
         .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready" && c.status == "True"));
+    let ready = ready_condition.is_some();
+    let ready_since = ready_condition.and_then(|c| {
+        c.last_transition_time
+            .as_ref()
+            .or(meta.creation_timestamp.as_ref())
+            .and_then(to_chrono)
+    });
+    let starting = spec
+        .taints
+        .iter()
+        .flatten()
+        .find(|t| STARTUP_TAINTS.contains(&t.key.as_str()))
+        .map(|t| format!("start-up taint {}", t.key));
     let taints = spec
         .taints
         .unwrap_or_default()
@@ -267,6 +319,8 @@ fn build_node(
         mig: Vec::new(),
         unknown_pods: 0,
         inconsistent: None,
+        ready_since,
+        starting,
     };
     let mut ctx = NodeCtx {
         by_key: HashMap::new(),
@@ -553,14 +607,25 @@ fn base_pod(p: &corev1::Pod, nodes: &[Node]) -> (Pod, Requests) {
         .flatten()
         .find(|o| o.controller == Some(true))
         .map(|o| Owner {
+            group: workload::api_group(&o.api_version),
             kind: o.kind.clone(),
             name: o.name.clone(),
         });
-    let local_storage = spec
-        .volumes
-        .iter()
-        .flatten()
-        .any(|v| v.empty_dir.is_some() || v.host_path.is_some());
+    let volumes = || spec.volumes.iter().flatten();
+    // A memory-backed emptyDir (`/dev/shm`, hugepages) holds nothing that outlives the
+    // container: not local storage.
+    let local_storage = volumes().any(|v| {
+        v.host_path.is_some()
+            || v.empty_dir.as_ref().is_some_and(|e| {
+                e.medium
+                    .as_deref()
+                    .is_none_or(|m| m != "Memory" && !m.starts_with("HugePages"))
+            })
+    });
+    let status = p.status.as_ref();
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
     let pod = Pod {
         namespace: meta.namespace.clone().unwrap_or_default(),
         name: meta.name.clone().unwrap_or_default(),
@@ -580,10 +645,16 @@ fn base_pod(p: &corev1::Pod, nodes: &[Node]) -> (Pod, Requests) {
         priority: spec.priority.unwrap_or(0),
         priority_class: spec.priority_class_name.clone(),
         owner,
-        created: meta.creation_timestamp.as_ref().and_then(to_chrono),
+        workload: None,
+        gang: None,
+        started: status.and_then(|s| s.start_time.as_ref()).and_then(to_chrono),
+        ready,
         deleting: meta.deletion_timestamp.is_some(),
         mirror: annotations.contains_key("kubernetes.io/config.mirror"),
         local_storage,
+        pvc: volumes().any(|v| v.persistent_volume_claim.is_some()),
+        ephemeral_volume: volumes().any(|v| v.ephemeral.is_some()),
+        resource_claims: spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty()),
         node_selector: spec.node_selector.clone().unwrap_or_default(),
         affinity: affinity_of(spec),
         tolerations: spec
@@ -723,6 +794,11 @@ fn resolve(
         };
         if n.scheme != Scheme::Koordinator {
             return mismatch(Scheme::Koordinator);
+        }
+        if !KOORD_RESOURCES.iter().any(|r| req.has(r)) {
+            return unknown(UnknownReason::DisagreesWithRequest(format!(
+                "{KOORD_DEVICE_ALLOCATED} on a pod that requests no GPU resource"
+            )));
         }
         let allocs = match formats::parse_koord_device_allocated(v) {
             Ok(a) => a,
@@ -978,6 +1054,14 @@ pub fn build_cluster(objs: &Objects, now: Option<DateTime<Utc>>) -> Cluster {
             pods: objs.pods.iter().collect(),
             pdbs: objs.pdbs.iter().collect(),
             devices: &objs.devices,
+            controllers: objs
+                .controllers
+                .iter()
+                .map(|c| (c.kind, &c.metadata))
+                .collect(),
+            namespaces: objs.namespaces.iter().collect(),
+            pod_groups: &objs.pod_groups,
+            listed: objs.listed,
         },
         now,
     )
@@ -994,6 +1078,14 @@ pub struct ObjectRefs<'a> {
     pub pdbs: Vec<&'a PodDisruptionBudget>,
     /// Koordinator `Device` objects (raw JSON).
     pub devices: &'a [serde_json::Value],
+    /// ReplicaSets, StatefulSets and Jobs (metadata).
+    pub controllers: Vec<(ControllerKind, &'a ObjectMeta)>,
+    /// Namespaces (metadata).
+    pub namespaces: Vec<&'a ObjectMeta>,
+    /// Volcano and KAI PodGroup objects (raw JSON).
+    pub pod_groups: &'a [serde_json::Value],
+    /// Which kinds are listed in full.
+    pub listed: Listed,
 }
 
 /// [`build_cluster`] from borrowed objects (the operator's caches: a copy of 6,000 pods per
@@ -1027,12 +1119,15 @@ pub fn build_cluster_from(objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) -> C
     built.dedup_by(|a, b| a.0.name == b.0.name);
     let (mut nodes, ctxs): (Vec<Node>, Vec<NodeCtx>) = built.into_iter().unzip();
 
+    let index = workload::Index::new(&objs.controllers, objs.pod_groups, objs.listed);
     let mut pods = Vec::with_capacity(objs.pods.len());
     let mut kai: Vec<(usize, String, Milli)> = Vec::new(); // (pod index, group, milli)
     for &p in &objs.pods {
         let (mut pod, req) = base_pod(p, &nodes);
         let empty = BTreeMap::new();
         let annotations = p.metadata.annotations.as_ref().unwrap_or(&empty);
+        pod.workload = index.workload(&pod.namespace, pod.owner.as_ref(), &pod.labels);
+        pod.gang = index.gang(&pod.namespace, &pod.labels, annotations);
         let node = pod.node.map(|i| (&nodes[i], &ctxs[i]));
         let active = pod.is_active_bound() && pod.node.is_some();
         let resolved = if let Some(e) = node.and_then(|(_, c)| c.inventory_error.clone()) {
@@ -1065,11 +1160,14 @@ pub fn build_cluster_from(objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) -> C
     }
     apply_uses(&mut nodes, &mut pods, &kai);
     let pdbs = objs.pdbs.iter().copied().map(pdb_of).collect();
+    let unchecked = unchecked_notes(&pods, &objs.listed);
     let mut c = Cluster {
         nodes,
         pods,
         pdbs,
         now,
+        protected_namespaces: workload::protected_namespaces(objs.namespaces.iter().copied()),
+        unchecked,
     };
     // kubectl lists pods in this order already; checking is cheaper than sorting.
     fn key(p: &Pod) -> (&str, &str) {
@@ -1079,6 +1177,36 @@ pub fn build_cluster_from(objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) -> C
         c.pods.sort_by(|a, b| key(a).cmp(&key(b)));
     }
     c
+}
+
+/// What the input did not let the model check, one sentence each.
+fn unchecked_notes(pods: &[Pod], listed: &Listed) -> Vec<String> {
+    let mut notes = Vec::new();
+    let not_checked = pods
+        .iter()
+        .filter(|p| p.workload.as_ref().is_some_and(|w| w.chain == Chain::NotChecked))
+        .count();
+    if not_checked > 0 {
+        let missing: Vec<&str> = [
+            (listed.replica_sets, "replicasets"),
+            (listed.stateful_sets, "statefulsets"),
+            (listed.jobs, "jobs"),
+        ]
+        .into_iter()
+        .filter(|(l, _)| !l)
+        .map(|(_, k)| k)
+        .collect();
+        notes.push(format!(
+            "owner chains of {not_checked} pods not checked: the input has no {} (judged by the pods' own owner references and labels)",
+            missing.join(", ")
+        ));
+    }
+    if !listed.namespaces {
+        notes.push(
+            "namespace opt-outs (gpu-defrag.io/do-not-disrupt on a Namespace) not checked: the input has no namespaces".into(),
+        );
+    }
+    notes
 }
 
 fn pdb_of(p: &PodDisruptionBudget) -> Pdb {
@@ -1096,6 +1224,14 @@ fn pdb_of(p: &PodDisruptionBudget) -> Pdb {
             .and_then(|s| s.disruptions_allowed)
             .map(i64::from)
             .unwrap_or(0),
+        stale: match (
+            p.metadata.generation,
+            p.status.as_ref().and_then(|s| s.observed_generation),
+        ) {
+            (Some(g), Some(o)) => o < g,
+            (Some(_), None) => true,
+            (None, _) => false,
+        },
     }
 }
 
@@ -1138,20 +1274,43 @@ fn apply_uses(nodes: &mut [Node], pods: &mut [Pod], kai: &[(usize, String, Milli
             e.1.push(*pi);
         }
     }
-    let mut kai_groups_per_node: Vec<Vec<(u64, Vec<usize>)>> = vec![Vec::new(); nodes.len()];
-    for ((n, _), v) in groups {
-        kai_groups_per_node[n].push(v);
-    }
 
-    // KAI reservation pods per node (one pass; a per-node scan would be quadratic).
+    // KAI reservation pods per node, and their groups (one pass; a per-node scan would be
+    // quadratic). Only a reservation pod — in the KAI namespace, holding a whole GPU, on
+    // the same node — confirms a group: a fraction annotation and group label on a pod
+    // are the tenant's own words.
     let mut reservations: Vec<u64> = vec![0; nodes.len()];
+    let mut reserved: BTreeSet<(usize, String)> = BTreeSet::new();
     for p in pods.iter() {
         if let Some(i) = p.node
             && p.namespace == KAI_RESERVATION_NS
             && matches!(p.gpu, GpuUse::Whole(_))
         {
             reservations[i] += 1;
+            if let Some(g) = p.labels.get(KAI_GROUP) {
+                reserved.insert((i, g.clone()));
+            }
         }
+    }
+    let unconfirmed: Vec<usize> = groups
+        .iter()
+        .filter(|(k, _)| !reserved.contains(k))
+        .flat_map(|(_, (_, members))| members.iter().copied())
+        .collect();
+    let groups: BTreeMap<(usize, String), (u64, Vec<usize>)> = groups
+        .into_iter()
+        .filter(|(k, _)| reserved.contains(k))
+        .collect();
+    for pi in unconfirmed {
+        let why = format!(
+            "KAI fraction of group {} without its reservation pod in {KAI_RESERVATION_NS} on the node",
+            pods[pi].labels.get(KAI_GROUP).map(String::as_str).unwrap_or("?")
+        );
+        pods[pi].gpu = GpuUse::Unknown(UnknownReason::Unconfirmed(why));
+    }
+    let mut kai_groups_per_node: Vec<Vec<(u64, Vec<usize>)>> = vec![Vec::new(); nodes.len()];
+    for ((n, _), v) in groups {
+        kai_groups_per_node[n].push(v);
     }
     for (i, node) in nodes.iter_mut().enumerate() {
         // Over-committed devices: every pod on them becomes unknown.

@@ -13,3 +13,4 @@ pub mod policy;
 pub mod sched;
 pub mod snapshot;
 pub mod windows;
+pub mod workload;

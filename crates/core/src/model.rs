@@ -154,6 +154,12 @@ pub struct Node {
     /// Why this node's records contradict each other (over-committed device, a record
     /// naming a device it lacks, …). Such a node is never drained.
     pub inconsistent: Option<String>,
+    /// Since when it is Ready (its Ready condition's `lastTransitionTime`, else its
+    /// creation time): a node younger than `safety.minNodeAge` receives no planned pod.
+    pub ready_since: Option<DateTime<Utc>>,
+    /// Why the node is still starting up (a start-up taint), when it is: it receives no
+    /// planned pod.
+    pub starting: Option<String>,
 }
 
 impl Node {
@@ -225,6 +231,9 @@ pub enum UnknownReason {
     Overcommitted(String),
     /// The node's inventory could not be read.
     NodeInventory(String),
+    /// A record the pod's owner can write itself, not confirmed by the scheme's own
+    /// side (a KAI fraction without its reservation pod, say).
+    Unconfirmed(String),
 }
 
 impl UnknownReason {
@@ -237,6 +246,7 @@ impl UnknownReason {
             UnknownReason::UnknownDevice(_) => "record-names-unknown-device",
             UnknownReason::Overcommitted(_) => "device-overcommitted",
             UnknownReason::NodeInventory(_) => "node-inventory-unreadable",
+            UnknownReason::Unconfirmed(_) => "record-unconfirmed",
         }
     }
 }
@@ -251,7 +261,8 @@ impl std::fmt::Display for UnknownReason {
             | UnknownReason::DisagreesWithRequest(m)
             | UnknownReason::UnknownDevice(m)
             | UnknownReason::Overcommitted(m)
-            | UnknownReason::NodeInventory(m) => write!(f, "{}: {m}", self.code()),
+            | UnknownReason::NodeInventory(m)
+            | UnknownReason::Unconfirmed(m) => write!(f, "{}: {m}", self.code()),
         }
     }
 }
@@ -271,13 +282,79 @@ pub enum GpuUse {
     Unknown(UnknownReason),
 }
 
-/// The controller that owns a pod.
+/// The controller that owns a pod (its `ownerReferences` entry with `controller: true`).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Owner {
+    /// API group (from `apiVersion`; empty for the core group).
+    pub group: String,
     /// Kind (ReplicaSet, StatefulSet, Job, DaemonSet, …).
     pub kind: String,
     /// Name.
     pub name: String,
+}
+
+impl Owner {
+    /// `group/Kind`, or `Kind` for the core group: the form `safety.movableOwnerKinds` uses.
+    pub fn group_kind(&self) -> String {
+        group_kind(&self.group, &self.kind)
+    }
+}
+
+/// `group/Kind`, or `Kind` for the core group.
+pub fn group_kind(group: &str, kind: &str) -> String {
+    if group.is_empty() {
+        kind.to_string()
+    } else {
+        format!("{group}/{kind}")
+    }
+}
+
+/// How far a pod's controller owner chain was read from the owner objects themselves.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Chain {
+    /// Every link was read from its object (the operator; snapshots that carry them).
+    Checked,
+    /// The owner objects were not at hand (a snapshot of nodes, pods and PDBs alone):
+    /// the workload is judged from the pod's own owner reference and labels.
+    NotChecked,
+    /// An owner object that should be at hand is missing or unreadable (the message
+    /// says which): the pod is never moved.
+    Broken(String),
+}
+
+/// A pod's workload: the top of its controller owner chain (Pod → ReplicaSet →
+/// Deployment, Pod → StatefulSet, Pod → Job → CronJob, Pod → anything else).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Workload {
+    /// `group/Kind` of the top controller (`apps/Deployment`, `batch/Job`,
+    /// `kubeflow.org/PyTorchJob`, …; `Kind` alone for the core group).
+    pub kind: String,
+    /// Its name.
+    pub name: String,
+    /// How the chain was read.
+    pub chain: Chain,
+}
+
+impl Workload {
+    /// A workload read from its objects.
+    pub fn checked(kind: &str, name: &str) -> Self {
+        Workload {
+            kind: kind.to_string(),
+            name: name.to_string(),
+            chain: Chain::Checked,
+        }
+    }
+}
+
+/// Whether a pod belongs to a gang: a group of pods scheduled and run together, where
+/// evicting one member restarts or stalls all of them.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Gang {
+    /// A member of a gang (what says so: the label, or the PodGroup and its minimum).
+    Member(String),
+    /// The pod names a pod group whose object cannot be read (not served, not found,
+    /// malformed): it may be a gang.
+    Unknown(String),
 }
 
 /// A required node-affinity expression (`matchExpressions` or `matchFields` entry).
@@ -326,14 +403,28 @@ pub struct Pod {
     pub priority_class: Option<String>,
     /// Controller owner.
     pub owner: Option<Owner>,
-    /// Creation time.
-    pub created: Option<DateTime<Utc>>,
+    /// The workload at the top of the owner chain (None: no controller).
+    pub workload: Option<Workload>,
+    /// Gang membership, when any.
+    pub gang: Option<Gang>,
+    /// `status.startTime`: pod ages count from it (a pod that waited Pending for an hour
+    /// is not an hour old).
+    pub started: Option<DateTime<Utc>>,
+    /// The Ready condition is True.
+    pub ready: bool,
     /// Has a deletion timestamp.
     pub deleting: bool,
     /// Mirror/static pod.
     pub mirror: bool,
-    /// Uses emptyDir or hostPath volumes.
+    /// Uses a disk-backed emptyDir or a hostPath volume (a memory-backed emptyDir such as
+    /// `/dev/shm` is not local storage: nothing in it outlives the container anyway).
     pub local_storage: bool,
+    /// Mounts a PersistentVolumeClaim.
+    pub pvc: bool,
+    /// Has a generic ephemeral volume (a PVC made for the pod).
+    pub ephemeral_volume: bool,
+    /// Has `spec.resourceClaims` (Dynamic Resource Allocation).
+    pub resource_claims: bool,
     /// `spec.nodeSelector`.
     pub node_selector: BTreeMap<String, String>,
     /// Required node affinity: OR of terms, each an AND of requirements.
@@ -382,6 +473,9 @@ pub struct Pdb {
     pub selector: Option<LabelSelector>,
     /// `status.disruptionsAllowed`.
     pub disruptions_allowed: i64,
+    /// `status.observedGeneration` is behind `metadata.generation` (or absent): the
+    /// disruption controller has not caught up with the spec, so the allowance is stale.
+    pub stale: bool,
 }
 
 /// A label selector (matchLabels + matchExpressions).
@@ -423,6 +517,11 @@ pub struct Cluster {
     pub pdbs: Vec<Pdb>,
     /// The instant the snapshot describes (pod ages are measured from it).
     pub now: Option<DateTime<Utc>>,
+    /// Namespaces annotated `gpu-defrag.io/do-not-disrupt`: none of their pods is moved.
+    pub protected_namespaces: std::collections::BTreeSet<String>,
+    /// What the input did not let the model check (owner chains, namespaces, pod
+    /// groups), one sentence each; reports and plans print them.
+    pub unchecked: Vec<String>,
 }
 
 impl Cluster {
@@ -448,7 +547,7 @@ pub struct PodActivity {
 
 /// GPU activity of pods over one lookback window, supplied by the caller: the core never
 /// measures anything. A pod is *idle* when it holds GPUs, has a measurement whose `peak`
-/// is under `threshold`, and (when its creation time and the model's `now` are known) is
+/// is under `threshold`, and (when its start time and the model's `now` are known) is
 /// at least `lookback` old. Pods without a measurement are never idle: no data is never
 /// read as idle.
 ///
@@ -487,9 +586,9 @@ impl Activity {
         if a.gpus == 0 || !a.peak.is_finite() || !below {
             return false;
         }
-        match (now, pod.created) {
-            (Some(now), Some(created)) => chrono::Duration::from_std(self.lookback)
-                .is_ok_and(|lookback| now.signed_duration_since(created) >= lookback),
+        match (now, pod.started) {
+            (Some(now), Some(started)) => chrono::Duration::from_std(self.lookback)
+                .is_ok_and(|lookback| now.signed_duration_since(started) >= lookback),
             (Some(_), None) => false,
             (None, _) => true,
         }

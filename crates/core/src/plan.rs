@@ -59,6 +59,33 @@ pub enum Skip {
     KaiReservation,
     /// Already evicted in this run.
     AlreadyMoved,
+    /// Not Ready: it serves nothing now, and its replacement would not either.
+    NotReady,
+    /// Owned by a controller gpu-defrag does not know to recreate it as it was (a
+    /// training job, a workflow, an unknown CRD, …) and not listed in
+    /// `safety.movableOwnerKinds`.
+    CustomController,
+    /// An owner object of its chain is missing or unreadable.
+    OwnerUnknown,
+    /// A member of a gang: evicting it restarts or stalls the whole group.
+    Gang,
+    /// It names a pod group that cannot be read: it may be a gang.
+    GangUnknown,
+    /// Its Namespace carries `gpu-defrag.io/do-not-disrupt`.
+    NamespaceOptOut,
+    /// Mounts a PersistentVolumeClaim and `safety.evictPvcPods` is off.
+    Pvc,
+    /// Has a generic ephemeral volume and `safety.evictEphemeralVolumePods` is off.
+    EphemeralVolume,
+    /// Holds Dynamic Resource Allocation claims (not understood yet).
+    ResourceClaim,
+    /// Its PodDisruptionBudget's status is behind its spec.
+    PdbStale,
+    /// Its workload already has `limits.maxUnavailablePerWorkload` replicas unavailable
+    /// (not Ready, Pending or terminating), counted from live state.
+    WorkloadUnavailable,
+    /// The only Ready replica of its workload, and no PDB allows its disruption.
+    LastReadyReplica,
 }
 
 impl Skip {
@@ -83,9 +110,137 @@ impl Skip {
             Skip::PdbExhausted => "pdb-exhausted",
             Skip::KaiReservation => "kai-reservation",
             Skip::AlreadyMoved => "already-moved",
+            Skip::NotReady => "not-ready",
+            Skip::CustomController => "custom-controller",
+            Skip::OwnerUnknown => "owner-unknown",
+            Skip::Gang => "gang",
+            Skip::GangUnknown => "gang-unknown",
+            Skip::NamespaceOptOut => "namespace-opted-out",
+            Skip::Pvc => "pvc",
+            Skip::EphemeralVolume => "ephemeral-volume",
+            Skip::ResourceClaim => "resource-claim",
+            Skip::PdbStale => "pdb-stale",
+            Skip::WorkloadUnavailable => "workload-unavailable",
+            Skip::LastReadyReplica => "last-ready-replica",
         }
     }
+
+    /// Every skip, in the order [`movable`] checks them (docs and tests list them all).
+    pub const ALL: &'static [Skip] = &[
+        Skip::OutOfScope,
+        Skip::UnknownAllocation,
+        Skip::NodeUndrainable,
+        Skip::Terminating,
+        Skip::NotRunning,
+        Skip::NotReady,
+        Skip::MirrorPod,
+        Skip::KaiReservation,
+        Skip::NoController,
+        Skip::DaemonSet,
+        Skip::OwnerUnknown,
+        Skip::CustomController,
+        Skip::JobPod,
+        Skip::Gang,
+        Skip::GangUnknown,
+        Skip::NamespaceOptOut,
+        Skip::LocalStorage,
+        Skip::Pvc,
+        Skip::EphemeralVolume,
+        Skip::ResourceClaim,
+        Skip::ProtectedClass,
+        Skip::Priority,
+        Skip::OptOut,
+        Skip::TooYoung,
+        Skip::AlreadyMoved,
+        Skip::MultiplePdbs,
+        Skip::PdbStale,
+        Skip::PdbExhausted,
+        Skip::WorkloadUnavailable,
+        Skip::LastReadyReplica,
+    ];
 }
+
+/// A workload's live state: pods Ready, and pods unavailable (not Ready, Pending or
+/// terminating), over every non-terminal pod of it in the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Live {
+    /// Running, Ready, not terminating.
+    pub ready: u32,
+    /// The others.
+    pub unavailable: u32,
+}
+
+/// Live state of every workload, by (namespace, kind, name).
+#[derive(Debug, Clone, Default)]
+pub struct Workloads {
+    live: HashMap<(String, String, String), Live>,
+}
+
+impl Workloads {
+    /// Counts the live state of every workload of `cluster`.
+    pub fn of(cluster: &Cluster) -> Self {
+        let mut live: HashMap<(String, String, String), Live> = HashMap::new();
+        for p in cluster.pods.iter().filter(|p| !p.phase.is_terminal()) {
+            let Some(w) = &p.workload else { continue };
+            let e = live
+                .entry((p.namespace.clone(), w.kind.clone(), w.name.clone()))
+                .or_default();
+            if p.phase == Phase::Running && p.ready && !p.deleting {
+                e.ready += 1;
+            } else {
+                e.unavailable += 1;
+            }
+        }
+        Workloads { live }
+    }
+
+    /// The live state of `pod`'s workload.
+    pub fn live(&self, pod: &Pod) -> Live {
+        pod.workload
+            .as_ref()
+            .and_then(|w| {
+                self.live
+                    .get(&(pod.namespace.clone(), w.kind.clone(), w.name.clone()))
+                    .copied()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// `true` unless the annotation value says `"false"`.
+fn says_true(v: &str) -> bool {
+    v.trim() != "false"
+}
+
+/// How much more a move of `pod` costs, in evictions, for the soft opt-outs its owner
+/// wrote: the descheduler's `prefer-no-eviction`, Koordinator's `eviction-cost` and the
+/// ReplicaSet `pod-deletion-cost` (positive values: the pod is moved last). The cost
+/// only ranks; it never makes a pod movable that is not.
+pub fn extra_cost(pod: &Pod) -> f64 {
+    let mut extra = 0.0;
+    if pod
+        .annotations
+        .get(gpu_defrag_api::DESCHEDULER_PREFER_NO_EVICTION)
+        .is_some()
+    {
+        extra += PREFER_NO_EVICTION_COST;
+    }
+    for key in [
+        crate::ingest::KOORD_EVICTION_COST,
+        crate::ingest::POD_DELETION_COST,
+    ] {
+        if let Some(v) = pod.annotations.get(key).and_then(|v| v.trim().parse::<i64>().ok())
+            && v > 0
+        {
+            // 1 more eviction per decade of cost, at most 3 (both scales are int32).
+            extra += ((v as f64).log10() + 1.0).min(3.0) / 3.0 * PREFER_NO_EVICTION_COST;
+        }
+    }
+    extra
+}
+
+/// What the descheduler's `prefer-no-eviction` adds to a move's cost, in evictions.
+pub const PREFER_NO_EVICTION_COST: f64 = 3.0;
 
 /// What already happened in the current run (so limits hold across restarts).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -178,6 +333,9 @@ pub struct Plan {
     pub fenced_devices: Vec<FencedDevice>,
     /// Pending pods expected to fit after the plan (fromPending).
     pub pending_served: Vec<String>,
+    /// What the input did not let the planner check ([`Cluster::unchecked`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unchecked: Vec<String>,
 }
 
 /// One GPU fenced by itself during a run.
@@ -253,11 +411,14 @@ impl Plan {
             fenced_nodes,
             fenced_devices,
             pending_served: Vec::new(),
+            unchecked: self.unchecked.clone(),
         }
     }
 }
 
-/// Whether a pod may be moved at all (independent of the plan), or why not.
+/// Whether a pod may be moved at all (independent of the plan), or why not. The
+/// workload rules that need the whole cluster's live state (`workload-unavailable`,
+/// `last-ready-replica`) are [`workload_allows`].
 pub fn movable(
     pod: &Pod,
     cluster: &Cluster,
@@ -282,6 +443,9 @@ pub fn movable(
     if pod.phase != Phase::Running {
         return Err(Skip::NotRunning);
     }
+    if !pod.ready {
+        return Err(Skip::NotReady);
+    }
     if pod.mirror
         || pod
             .annotations
@@ -293,14 +457,43 @@ pub fn movable(
     if pod.namespace == crate::ingest::KAI_RESERVATION_NS {
         return Err(Skip::KaiReservation);
     }
-    match pod.owner.as_ref().map(|o| o.kind.as_str()) {
-        None | Some("Node") => return Err(Skip::NoController),
-        Some("DaemonSet") => return Err(Skip::DaemonSet),
-        Some("Job") if !policy.evict_job_pods => return Err(Skip::JobPod),
-        _ => {}
+    let Some(w) = &pod.workload else {
+        return Err(Skip::NoController);
+    };
+    if let Chain::Broken(_) = w.chain {
+        return Err(Skip::OwnerUnknown);
+    }
+    match w.kind.as_str() {
+        "Node" => return Err(Skip::NoController),
+        "apps/DaemonSet" => return Err(Skip::DaemonSet),
+        k if crate::workload::MOVABLE_KINDS.contains(&k) => {}
+        k if crate::workload::JOB_KINDS.contains(&k) => {
+            if !policy.evict_job_pods {
+                return Err(Skip::JobPod);
+            }
+        }
+        k if policy.movable_owner_kinds.iter().any(|m| m == k) => {}
+        _ => return Err(Skip::CustomController),
+    }
+    match &pod.gang {
+        Some(Gang::Member(_)) => return Err(Skip::Gang),
+        Some(Gang::Unknown(_)) => return Err(Skip::GangUnknown),
+        None => {}
+    }
+    if cluster.protected_namespaces.contains(&pod.namespace) {
+        return Err(Skip::NamespaceOptOut);
     }
     if pod.local_storage && !policy.evict_local_storage {
         return Err(Skip::LocalStorage);
+    }
+    if pod.pvc && !policy.evict_pvc_pods {
+        return Err(Skip::Pvc);
+    }
+    if pod.ephemeral_volume && !policy.evict_ephemeral_volume_pods {
+        return Err(Skip::EphemeralVolume);
+    }
+    if pod.resource_claims {
+        return Err(Skip::ResourceClaim);
     }
     if let Some(pc) = &pod.priority_class
         && policy.protected_classes.contains(pc)
@@ -310,14 +503,22 @@ pub fn movable(
     if policy.max_priority.is_some_and(|m| pod.priority > m) {
         return Err(Skip::Priority);
     }
-    let age = match (now, pod.created) {
+    let age = match (now, pod.started) {
         (Some(now), Some(c)) => Some((now - c).to_std().unwrap_or_default()),
         _ => None,
     };
     if pod
         .annotations
         .get(gpu_defrag_api::DO_NOT_DISRUPT)
-        .is_some_and(|v| v.trim() != "false")
+        .is_some_and(|v| says_true(v))
+        || pod
+            .annotations
+            .get(crate::ingest::SAFE_TO_EVICT)
+            .is_some_and(|v| v.trim() == "false")
+        || pod
+            .annotations
+            .get(crate::ingest::KOORD_EVICTION_COST)
+            .is_some_and(|v| v.trim() == i32::MAX.to_string())
     {
         return Err(Skip::OptOut);
     }
@@ -345,18 +546,57 @@ pub fn movable(
     if history.evicted.contains(&pod.key()) {
         return Err(Skip::AlreadyMoved);
     }
-    let pdbs = cluster
-        .pdbs
-        .iter()
-        .filter(|b| {
-            b.namespace == pod.namespace
-                && b.selector.as_ref().is_some_and(|s| s.matches(&pod.labels))
-        })
-        .count();
-    if pdbs > 1 {
+    let mut pdbs = cluster.pdbs.iter().filter(|b| {
+        b.namespace == pod.namespace && b.selector.as_ref().is_some_and(|s| s.matches(&pod.labels))
+    });
+    let pdb = pdbs.next();
+    if pdbs.next().is_some() {
         return Err(Skip::MultiplePdbs);
     }
+    if pdb.is_some_and(|b| b.stale) {
+        return Err(Skip::PdbStale);
+    }
     Ok(())
+}
+
+/// The workload rules, from live state: a workload with `maxUnavailablePerWorkload`
+/// replicas already unavailable loses no other; the last Ready replica moves only when
+/// a PDB covering it allows a disruption (`pdb_allows`) or the policy says
+/// `evictSingleReplicas`.
+pub fn workload_allows(live: Live, policy: &Policy, pdb_allows: bool) -> Result<(), Skip> {
+    if live.unavailable >= policy.max_unavailable_per_workload {
+        return Err(Skip::WorkloadUnavailable);
+    }
+    if live.ready <= 1 && !pdb_allows && !policy.evict_single_replicas {
+        return Err(Skip::LastReadyReplica);
+    }
+    Ok(())
+}
+
+/// The highest priority among a unit's pods.
+fn unit_priority(c: &Cluster, u: &Unit) -> i32 {
+    u.pods
+        .iter()
+        .map(|&pi| c.pods[pi].priority)
+        .max()
+        .unwrap_or(i32::MIN)
+}
+
+/// Whether node `n` may receive planned pods: not while it is still starting up or
+/// younger than `safety.minNodeAge` (measured at `now`; no clock, no age check).
+pub fn warm(node: &Node, policy: &Policy, now: Option<DateTime<Utc>>) -> bool {
+    if node.starting.is_some() {
+        return false;
+    }
+    match now {
+        None => true,
+        Some(_) if policy.min_node_age.is_zero() => true,
+        Some(now) => node.ready_since.is_some_and(|since| {
+            (now - since)
+                .to_std()
+                .is_ok_and(|age| age >= policy.min_node_age)
+        }),
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -397,10 +637,6 @@ struct State<'a> {
     sums: Totals,
     per_node: Vec<u32>,
     per_ns: HashMap<String, u32>,
-    /// Workload (namespace, controller owner) of each pod, as an index into `per_owner`.
-    owner_of: Vec<Option<usize>>,
-    /// Moves per workload in the whole plan.
-    per_owner: Vec<u32>,
     pdb_left: Vec<i64>,
     pod_pdb: Vec<Option<usize>>,
     total: u32,
@@ -679,7 +915,6 @@ impl<'a> State<'a> {
             return None;
         }
         let mut ns: Vec<(&str, u32)> = Vec::new();
-        let mut owners: Vec<(usize, u32)> = Vec::new();
         let mut pdb: Vec<(usize, u32)> = Vec::new();
         for &pi in &u.pods {
             let p = &self.c.pods[pi];
@@ -692,12 +927,6 @@ impl<'a> State<'a> {
             {
                 return None;
             }
-            if let Some(o) = self.owner_of[pi] {
-                let here = bump(&mut owners, o);
-                if self.per_owner[o] + here > self.p.max_unavailable_per_workload {
-                    return None;
-                }
-            }
             if let Some(b) = self.pod_pdb[pi] {
                 let here = bump(&mut pdb, b);
                 if i64::from(here) > self.pdb_left[b] {
@@ -709,7 +938,11 @@ impl<'a> State<'a> {
         // A drained node or group is no target of its own pods, so its index entry and
         // quick-check figures need not follow the trial (the trial is undone below).
         let reindex_src = u.kind == UnitKind::Gpu;
-        let pending_before = self.pending_fits(src);
+        // A pending pod never causes the eviction of a pod of higher priority than its own
+        // (kube-scheduler's preemption rule): only pending pods at or above the unit's
+        // highest priority count as served by it.
+        let prio = unit_priority(self.c, u);
+        let pending_before = self.pending_fits(src, prio);
         let before_src = self.frag_cache[src];
         for &pi in &u.pods {
             self.take(pi, reindex_src);
@@ -718,7 +951,7 @@ impl<'a> State<'a> {
         // a unit that gives back nothing (and serves no pending pod) needs no search.
         if !reindex_src
             && before_src - self.node_frag(src) <= 1e-9
-            && !(self.p.from_pending && !pending_before && self.pending_fits(src))
+            && !(self.p.from_pending && !pending_before && self.pending_fits(src, prio))
         {
             for &pi in u.pods.iter().rev() {
                 self.untake(pi, reindex_src);
@@ -769,7 +1002,7 @@ impl<'a> State<'a> {
             if u.kind == UnitKind::Node {
                 gain += whole_node_bonus(self.c.nodes[src].gpus.len());
             }
-            if self.p.from_pending && !pending_before && self.pending_fits(src) {
+            if self.p.from_pending && !pending_before && self.pending_fits(src, prio) {
                 serves_pending = true;
                 gain += 10.0 * f64::from(GPU_MILLI) * 8.0;
             }
@@ -814,13 +1047,14 @@ impl<'a> State<'a> {
     }
 
     /// Whether some unplaceable pending pod would fit on node `n` now.
-    fn pending_fits(&self, n: usize) -> bool {
+    fn pending_fits(&self, n: usize, min_priority: i32) -> bool {
         if self.pending.is_empty() || !self.counted[n] {
             return false;
         }
         let node = &self.c.nodes[n];
         self.pending.iter().any(|&pi| {
-            sched::fits(
+            self.c.pods[pi].priority >= min_priority
+                && sched::fits(
                 &self.c.pods[pi],
                 node,
                 &self.cap.free[n],
@@ -838,9 +1072,6 @@ impl<'a> State<'a> {
             self.moved[pi] = true;
             let p = &self.c.pods[pi];
             *self.per_ns.entry(p.namespace.clone()).or_default() += 1;
-            if let Some(o) = self.owner_of[pi] {
-                self.per_owner[o] += 1;
-            }
             if let Some(b) = self.pod_pdb[pi] {
                 self.pdb_left[b] -= 1;
             }
@@ -1031,10 +1262,11 @@ pub fn plan_with_activity(
     activity: &Activity,
 ) -> Plan {
     let idle = activity.idle_flags(cluster);
+    let extra: Vec<f64> = cluster.pods.iter().map(extra_cost).collect();
     let cost = |u: &Unit| -> f64 {
         u.pods
             .iter()
-            .map(|&pi| if idle[pi] { IDLE_POD_COST } else { 1.0 })
+            .map(|&pi| if idle[pi] { IDLE_POD_COST } else { 1.0 } + extra[pi])
             .sum()
     };
     let shapes = frag::target_shapes(cluster, policy);
@@ -1054,6 +1286,7 @@ pub fn plan_with_activity(
         .map(|b| b.disruptions_allowed.max(0))
         .collect();
     let mut skipped: BTreeMap<String, u64> = BTreeMap::new();
+    let workloads = Workloads::of(cluster);
     let mut ok = vec![false; cluster.pods.len()];
     for (i, p) in cluster.pods.iter().enumerate() {
         if !(p.is_active_bound() && p.node.is_some() && (p.held_milli() > 0 || p.is_unknown())) {
@@ -1067,7 +1300,7 @@ pub fn plan_with_activity(
             pod_pdb[i] = b;
             match b {
                 Some(b) if pdb_left[b] <= 0 => Err(Skip::PdbExhausted),
-                _ => Ok(()),
+                _ => workload_allows(workloads.live(p), policy, b.is_some()),
             }
         });
         match r {
@@ -1082,17 +1315,6 @@ pub fn plan_with_activity(
             per_node[i] = *v;
         }
     }
-    // Workloads: (namespace, controller owner) → index.
-    let mut workloads: HashMap<(&str, &Owner), usize> = HashMap::new();
-    let owner_of: Vec<Option<usize>> = cluster
-        .pods
-        .iter()
-        .map(|p| {
-            let o = p.owner.as_ref()?;
-            let next = workloads.len();
-            Some(*workloads.entry((p.namespace.as_str(), o)).or_insert(next))
-        })
-        .collect();
     // Node sizes (GPU counts) of counted nodes, each with its own target index.
     let mut class_gpus: Vec<usize> = cluster
         .nodes
@@ -1119,7 +1341,7 @@ pub fn plan_with_activity(
         node_free: vec![u64::MAX; nodes_n],
         cap,
         counted: counted.clone(),
-        no_target: vec![false; nodes_n],
+        no_target: cluster.nodes.iter().map(|n| !warm(n, policy, now)).collect(),
         no_target_gpu: BTreeSet::new(),
         received: vec![false; nodes_n],
         moved: vec![false; cluster.pods.len()],
@@ -1136,8 +1358,6 @@ pub fn plan_with_activity(
             .iter()
             .map(|(k, v)| (k.clone(), *v))
             .collect(),
-        per_owner: vec![0; workloads.len()],
-        owner_of,
         pdb_left,
         pod_pdb,
         total: history.evicted.len() as u32,
@@ -1188,8 +1408,10 @@ pub fn plan_with_activity(
         let mut newly_served = Vec::new();
         if policy.from_pending {
             let node = &cluster.nodes[u.node];
+            let prio = unit_priority(cluster, u);
             if let Some(pos) = st.pending.iter().position(|&pi| {
-                sched::fits(
+                cluster.pods[pi].priority >= prio
+                    && sched::fits(
                     &cluster.pods[pi],
                     node,
                     &st.cap.free[u.node],
@@ -1268,6 +1490,7 @@ pub fn plan_with_activity(
         fenced_nodes,
         fenced_devices,
         pending_served,
+        unchecked: cluster.unchecked.clone(),
     }
 }
 

@@ -65,10 +65,14 @@ impl Scope {
             .as_ref()
             .is_none_or(|s| s.matches(&node.labels))
     }
+    /// Whether the namespace is covered (`namespaces.include` / `exclude`).
+    pub fn covers_namespace(&self, ns: &str) -> bool {
+        (self.include.is_empty() || self.include.iter().any(|n| n == ns))
+            && !self.exclude.iter().any(|n| n == ns)
+    }
     /// Whether the pod may be moved by namespace and selector.
     pub fn covers_pod(&self, pod: &Pod) -> bool {
-        (self.include.is_empty() || self.include.contains(&pod.namespace))
-            && !self.exclude.contains(&pod.namespace)
+        self.covers_namespace(&pod.namespace)
             && self
                 .pod_selector
                 .as_ref()
@@ -107,6 +111,16 @@ pub struct Policy {
     pub evict_job_pods: bool,
     /// Pods with local storage movable.
     pub evict_local_storage: bool,
+    /// Pods with PVCs movable.
+    pub evict_pvc_pods: bool,
+    /// Pods with generic ephemeral volumes movable.
+    pub evict_ephemeral_volume_pods: bool,
+    /// The last Ready replica of a workload movable without a PDB allowing it.
+    pub evict_single_replicas: bool,
+    /// Extra movable controllers, `group/Kind`.
+    pub movable_owner_kinds: Vec<String>,
+    /// Nodes younger than this receive no planned pod.
+    pub min_node_age: Duration,
     /// Replacement timeout.
     pub reschedule_timeout: Duration,
     /// Pending GPU pods that stop a run.
@@ -281,11 +295,36 @@ impl Policy {
                 .map_err(|m| err("spec.safety.minPodAge", m))?,
             evict_job_pods: s.evict_job_pods,
             evict_local_storage: s.evict_local_storage,
+            evict_pvc_pods: s.evict_pvc_pods,
+            evict_ephemeral_volume_pods: s.evict_ephemeral_volume_pods,
+            evict_single_replicas: s.evict_single_replicas,
+            movable_owner_kinds: movable_owner_kinds(&s.movable_owner_kinds)?,
+            min_node_age: parse_duration(&s.min_node_age)
+                .map_err(|m| err("spec.safety.minNodeAge", m))?,
             reschedule_timeout: parse_duration(&s.reschedule_timeout)
                 .map_err(|m| err("spec.safety.rescheduleTimeout", m))?,
             max_pending_gpu_pods: nonneg("spec.safety.maxPendingGpuPods", s.max_pending_gpu_pods)?,
         })
     }
+}
+
+/// Checks `safety.movableOwnerKinds` entries: `group/Kind` or `Kind`.
+fn movable_owner_kinds(kinds: &[String]) -> Result<Vec<String>, PolicyError> {
+    for (i, k) in kinds.iter().enumerate() {
+        let (group, kind) = k.rsplit_once('/').unwrap_or(("", k));
+        let group_ok = group
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '-');
+        let kind_ok = kind.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+            && kind.chars().all(|c| c.is_ascii_alphanumeric());
+        if !(group_ok && kind_ok) || k.len() > 253 || (k.contains('/') && group.is_empty()) {
+            return Err(err(
+                format!("spec.safety.movableOwnerKinds[{i}]"),
+                format!("{k:?} is not group/Kind (e.g. example.com/InferenceServer) or Kind"),
+            ));
+        }
+    }
+    Ok(kinds.to_vec())
 }
 
 /// Normalises weights to sum 1 (no-op on an empty list).

@@ -1,6 +1,10 @@
 //! Loading a saved cluster snapshot: a `v1` List (YAML or JSON), as
-//! `kubectl get nodes,pods,pdb -A -o yaml` prints it, optionally with Koordinator
-//! `Device` objects. Errors name the item and the field.
+//! `kubectl get nodes,pods,pdb -A -o yaml` prints it, optionally with the pods' owners
+//! (`replicasets,statefulsets,jobs`), `namespaces`, Volcano and KAI `podgroups` and
+//! Koordinator `Device` objects. A kind the snapshot carries is "listed": the model
+//! checks against it (a pod whose ReplicaSet is missing from a snapshot that has
+//! ReplicaSets is never moved); a kind it lacks is reported as not checked. Errors name
+//! the item and the field.
 use k8s_openapi::api::core::v1 as corev1;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use serde::de::value::MapAccessDeserializer;
@@ -128,6 +132,8 @@ enum Item {
     Pod(Box<corev1::Pod>),
     Pdb(Box<PodDisruptionBudget>),
     Device(serde_json::Value),
+    /// ReplicaSet, StatefulSet, Job, Namespace, PodGroup: read as a tree.
+    Meta(String, serde_json::Value),
     Other,
 }
 
@@ -166,6 +172,7 @@ impl<'de> Visitor<'de> for ItemVisitor {
                 "Pod" => Item::Pod(Box::new(Deserialize::deserialize(rest)?)),
                 "PodDisruptionBudget" => Item::Pdb(Box::new(Deserialize::deserialize(rest)?)),
                 "Device" => Item::Device(Deserialize::deserialize(rest)?),
+                k if is_meta_kind(k) => Item::Meta(kind.clone(), Deserialize::deserialize(rest)?),
                 _ => {
                     IgnoredAny::deserialize(rest)?;
                     Item::Other
@@ -229,6 +236,7 @@ fn parse_json(text: &str) -> Result<Objects, SnapshotError> {
             Item::Pod(p) => objs.pods.push(*p),
             Item::Pdb(p) => objs.pdbs.push(*p),
             Item::Device(d) => push_device(&mut objs, index, d)?,
+            Item::Meta(kind, v) => push_meta(&mut objs, index, &kind, v)?,
             Item::Other => {}
         }
     }
@@ -254,6 +262,11 @@ fn parse_json_checked(text: &str) -> Result<Objects, SnapshotError> {
                 let v: serde_json::Value = serde_json::from_str(raw.get())
                     .map_err(|e| SnapshotError::NotAList(short(e.to_string())))?;
                 push_device(&mut objs, index, v)?;
+            }
+            k if is_meta_kind(k) => {
+                let v: serde_json::Value = serde_json::from_str(raw.get())
+                    .map_err(|e| SnapshotError::NotAList(short(e.to_string())))?;
+                push_meta(&mut objs, index, k, v)?;
             }
             _ => {}
         }
@@ -314,11 +327,73 @@ pub fn parse(text: &str) -> Result<Objects, SnapshotError> {
                 .pdbs
                 .push(typed::<PodDisruptionBudget>(index, &kind, item)?),
             "Device" => push_device(&mut objs, index, item)?,
+            k if is_meta_kind(k) => push_meta(&mut objs, index, k, item)?,
             // Other kinds (Services, ConfigMaps, …) are not part of the model.
             _ => {}
         }
     }
     Ok(objs)
+}
+
+/// Kinds read for their metadata (owner chains, namespace opt-outs) or as pod groups.
+fn is_meta_kind(kind: &str) -> bool {
+    matches!(
+        kind,
+        "ReplicaSet" | "StatefulSet" | "Job" | "Namespace" | "PodGroup"
+    )
+}
+
+/// Keeps an owner object (its metadata), a Namespace (its metadata) or a Volcano / KAI
+/// PodGroup (as is), and marks its kind listed. Objects of the same kind name in other
+/// API groups (a CRD called `Job`, say) are not these and are ignored.
+fn push_meta(
+    objs: &mut Objects,
+    index: usize,
+    kind: &str,
+    item: serde_json::Value,
+) -> Result<(), SnapshotError> {
+    let group = item
+        .get("apiVersion")
+        .and_then(|v| v.as_str())
+        .map(crate::workload::api_group)
+        .unwrap_or_default();
+    if kind == "PodGroup" {
+        match group.as_str() {
+            crate::workload::VOLCANO_GROUP_API => objs.listed.volcano_pod_groups = true,
+            crate::workload::KAI_GROUP_API => objs.listed.kai_pod_groups = true,
+            _ => return Ok(()),
+        }
+        objs.pod_groups.push(item);
+        return Ok(());
+    }
+    let controller = crate::workload::ControllerKind::of(&group, kind);
+    if controller.is_none() && !(kind == "Namespace" && group.is_empty()) {
+        return Ok(());
+    }
+    #[derive(Deserialize)]
+    struct MetaOnly {
+        #[serde(default)]
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    }
+    let meta = typed::<MetaOnly>(index, kind, item)?.metadata;
+    match controller {
+        Some(k) => {
+            match k {
+                crate::workload::ControllerKind::ReplicaSet => objs.listed.replica_sets = true,
+                crate::workload::ControllerKind::StatefulSet => objs.listed.stateful_sets = true,
+                crate::workload::ControllerKind::Job => objs.listed.jobs = true,
+            }
+            objs.controllers.push(crate::workload::ControllerObject {
+                kind: k,
+                metadata: meta,
+            });
+        }
+        None => {
+            objs.listed.namespaces = true;
+            objs.namespaces.push(meta);
+        }
+    }
+    Ok(())
 }
 
 /// Keeps a Koordinator `Device` object (it must be named after its node).

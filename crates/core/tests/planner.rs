@@ -42,6 +42,8 @@ fn node(name: &str, gpus: usize, granularity: Granularity) -> Node {
         mig: vec![],
         unknown_pods: 0,
         inconsistent: None,
+        ready_since: None,
+        starting: None,
     }
 }
 
@@ -62,13 +64,20 @@ fn pod(ns: &str, name: &str, owner: &str) -> Pod {
         priority: 0,
         priority_class: None,
         owner: Some(Owner {
+            group: "apps".into(),
             kind: "ReplicaSet".into(),
             name: owner.into(),
         }),
-        created: None,
+        started: None,
         deleting: false,
         mirror: false,
         local_storage: false,
+        pvc: false,
+        ephemeral_volume: false,
+        resource_claims: false,
+        ready: true,
+        gang: None,
+        workload: Some(Workload::checked("apps/ReplicaSet", owner)),
         node_selector: BTreeMap::new(),
         affinity: vec![],
         tolerations: vec![],
@@ -230,6 +239,7 @@ fn build(cs: &Case) -> (Cluster, Policy) {
         // PDBs select by app label across namespaces ns0..ns2 (each its own namespace).
         for ns in 0..3 {
             c.pdbs.push(Pdb {
+                stale: false,
                 namespace: format!("ns{ns}"),
                 name: format!("pdb{i}"),
                 selector: Some(LabelSelector {

@@ -107,6 +107,8 @@ pub struct Ctx {
     pub failures: std::sync::Mutex<HashMap<String, u32>>,
     /// Koordinator `Device` objects (watched where the CRD is served).
     pub devices: crate::koord::Devices,
+    /// The pods' owner objects, namespaces and pod groups.
+    pub owners: crate::owners::Owners,
     /// Last dry-run check per policy: plan fingerprint, when, result.
     pub dry_checks: Mutex<HashMap<String, (u64, Instant, DryRunCheck)>>,
     /// GPU activity from Prometheus (`--prometheus-url`), if configured.
@@ -118,12 +120,17 @@ impl Ctx {
     pub fn cluster(&self, now: Option<DateTime<Utc>>) -> Cluster {
         let (nodes, pods, pdbs) = (self.nodes.state(), self.pods.state(), self.pdbs.state());
         let devices = self.devices.objects();
+        let owners = self.owners.snapshot();
         ingest::build_cluster_from(
             ingest::ObjectRefs {
                 nodes: nodes.iter().map(|n| n.as_ref()).collect(),
                 pods: pods.iter().map(|p| p.as_ref()).collect(),
                 pdbs: pdbs.iter().map(|p| p.as_ref()).collect(),
                 devices: &devices,
+                controllers: owners.controllers(),
+                namespaces: owners.namespaces(),
+                pod_groups: &owners.pod_groups,
+                listed: owners.listed,
             },
             now,
         )
@@ -835,6 +842,13 @@ pub async fn run(
         })
         .await
     };
+    let owners = {
+        let tx = tx.clone();
+        crate::owners::Owners::start(client.clone(), move || {
+            let _ = tx.try_send(());
+        })
+        .await
+    };
     let trigger = tokio_stream_from(rx);
     let mut pcfg = watcher::Config::default().any_semantic();
     if !opts.policy_selector.is_empty() {
@@ -862,6 +876,7 @@ pub async fn run(
         },
         runs: Mutex::new(HashMap::new()),
         devices: devices.clone(),
+        owners: owners.clone(),
         failures: Default::default(),
         dry_checks: Mutex::new(HashMap::new()),
         idle: opts.idle.clone(),
@@ -898,7 +913,8 @@ pub async fn run(
             n.wait_until_ready(),
             p.wait_until_ready(),
             b.wait_until_ready(),
-            devices.wait_until_ready()
+            devices.wait_until_ready(),
+            owners.wait_until_ready()
         );
         caches.store(true, std::sync::atomic::Ordering::SeqCst);
         ready2.store(true, std::sync::atomic::Ordering::SeqCst);

@@ -5,9 +5,14 @@ use anyhow::Context;
 use gpu_defrag_api::v1alpha1::{DefragPolicy, DefragPolicySpec};
 use gpu_defrag_core::ingest::Objects;
 use gpu_defrag_core::policy::Policy;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use gpu_defrag_core::workload::{
+    ControllerKind, ControllerObject, KAI_GROUP_API, Listed, VOLCANO_GROUP_API,
+};
+use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 /// An input problem the user must fix (exit code 2).
@@ -165,7 +170,7 @@ pub async fn read_live(client: kube::Client) -> anyhow::Result<Objects> {
         kind: "Device".into(),
         plural: "devices".into(),
     };
-    let devices = match Api::<DynamicObject>::all_with(client, &ar).list(&lp).await {
+    let devices = match Api::<DynamicObject>::all_with(client.clone(), &ar).list(&lp).await {
         Ok(list) => list
             .items
             .into_iter()
@@ -174,10 +179,72 @@ pub async fn read_live(client: kube::Client) -> anyhow::Result<Objects> {
         // Not a Koordinator cluster (404) or not allowed: Device objects are optional.
         Err(_) => Vec::new(),
     };
+    let rs = Api::<ReplicaSet>::all(client.clone())
+        .list_metadata(&lp)
+        .await
+        .context("listing replicasets")?
+        .items
+        .into_iter()
+        .map(|o| o.metadata);
+    let ss = Api::<StatefulSet>::all(client.clone())
+        .list_metadata(&lp)
+        .await
+        .context("listing statefulsets")?
+        .items
+        .into_iter()
+        .map(|o| o.metadata);
+    let jobs = Api::<Job>::all(client.clone())
+        .list_metadata(&lp)
+        .await
+        .context("listing jobs")?
+        .items
+        .into_iter()
+        .map(|o| o.metadata);
+    let namespaces = Api::<Namespace>::all(client.clone())
+        .list_metadata(&lp)
+        .await
+        .context("listing namespaces")?
+        .items
+        .into_iter()
+        .map(|o| o.metadata)
+        .collect();
+    let mut controllers = Vec::new();
+    let object = |kind| move |metadata| ControllerObject { kind, metadata };
+    controllers.extend(rs.map(object(ControllerKind::ReplicaSet)));
+    controllers.extend(ss.map(object(ControllerKind::StatefulSet)));
+    controllers.extend(jobs.map(object(ControllerKind::Job)));
+    // Volcano and KAI PodGroups, where served: a pod naming a group that cannot be read
+    // is never moved (gang-unknown).
+    let mut pod_groups = Vec::new();
+    let mut groups_listed = [false; 2];
+    for (i, (group, version)) in [(VOLCANO_GROUP_API, "v1beta1"), (KAI_GROUP_API, "v2alpha2")]
+        .into_iter()
+        .enumerate()
+    {
+        let ar = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(group, version, "PodGroup"),
+            "podgroups",
+        );
+        if let Ok(list) = Api::<DynamicObject>::all_with(client.clone(), &ar).list(&lp).await {
+            groups_listed[i] = true;
+            pod_groups.extend(list.items.into_iter().filter_map(|g| serde_json::to_value(g).ok()));
+        }
+    }
     Ok(Objects {
         nodes,
         pods,
         pdbs,
         devices,
+        controllers,
+        namespaces,
+        pod_groups,
+        listed: Listed {
+            replica_sets: true,
+            stateful_sets: true,
+            jobs: true,
+            namespaces: true,
+            volcano_pod_groups: groups_listed[0],
+            kai_pod_groups: groups_listed[1],
+        },
     })
 }

@@ -15,6 +15,8 @@ mod input;
 mod koord;
 mod lease;
 mod metrics;
+mod optional;
+mod owners;
 mod plugin;
 mod render;
 mod status;

@@ -373,6 +373,7 @@ mod bounds {
                 })
                 .collect(),
             pending_served: (0..moves).map(pod_key).collect(),
+            unchecked: Vec::new(),
         }
     }
 

@@ -138,6 +138,12 @@ fn cluster_role_is_least_privilege() {
             "devices",
             &["get", "list", "watch"],
         ),
+        grant("apps", "replicasets", &["get", "list", "watch"]),
+        grant("apps", "statefulsets", &["get", "list", "watch"]),
+        grant("batch", "jobs", &["get", "list", "watch"]),
+        grant("", "namespaces", &["get", "list", "watch"]),
+        grant("scheduling.volcano.sh", "podgroups", &["get", "list", "watch"]),
+        grant("scheduling.run.ai", "podgroups", &["get", "list", "watch"]),
     ]
     .into_iter()
     .collect();
@@ -179,6 +185,12 @@ fn viewer_role_only_reads() {
         grant("policy", "poddisruptionbudgets", &["get", "list"]),
         grant("gpu-defrag.io", "defragpolicies", &["get", "list"]),
         grant("scheduling.koordinator.sh", "devices", &["get", "list"]),
+        grant("apps", "replicasets", &["get", "list"]),
+        grant("apps", "statefulsets", &["get", "list"]),
+        grant("batch", "jobs", &["get", "list"]),
+        grant("", "namespaces", &["get", "list"]),
+        grant("scheduling.volcano.sh", "podgroups", &["get", "list"]),
+        grant("scheduling.run.ai", "podgroups", &["get", "list"]),
     ]
     .into_iter()
     .collect();

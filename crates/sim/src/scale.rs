@@ -80,6 +80,8 @@ pub fn build(p: &ScaleParams) -> Cluster {
                 mig: vec![],
                 unknown_pods: 0,
                 inconsistent: None,
+                ready_since: None,
+                starting: None,
             }
         })
         .collect();
@@ -154,13 +156,20 @@ pub fn build(p: &ScaleParams) -> Cluster {
             priority: 0,
             priority_class: None,
             owner: Some(Owner {
-                kind: "ReplicaSet".into(),
-                name,
+                group: "apps".into(),
+            kind: "ReplicaSet".into(),
+                name: name.clone(),
             }),
-            created: None,
+            started: None,
             deleting: false,
             mirror: false,
             local_storage: false,
+        pvc: false,
+        ephemeral_volume: false,
+        resource_claims: false,
+        ready: true,
+        gang: None,
+        workload: Some(Workload::checked("apps/ReplicaSet", &name)),
             node_selector: BTreeMap::new(),
             affinity: vec![],
             tolerations: vec![],
@@ -173,6 +182,7 @@ pub fn build(p: &ScaleParams) -> Cluster {
         pods,
         pdbs: vec![],
         now: None,
+        ..Default::default()
     }
 }
 

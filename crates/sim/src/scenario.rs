@@ -107,6 +107,8 @@ pub fn nodes_of(trace: &Trace) -> Vec<Node> {
             mig: vec![],
             unknown_pods: 0,
             inconsistent: None,
+            ready_since: None,
+            starting: None,
         })
         .collect()
 }
@@ -162,13 +164,20 @@ pub fn pod_of(t: &TracePod, name: String, node: Option<(usize, &str)>, devs: &[u
         priority: 0,
         priority_class: None,
         owner: Some(Owner {
+            group: "apps".into(),
             kind: "ReplicaSet".into(),
-            name,
+            name: name.clone(),
         }),
-        created: None,
+        started: None,
         deleting: false,
         mirror: false,
         local_storage: false,
+        pvc: false,
+        ephemeral_volume: false,
+        resource_claims: false,
+        ready: true,
+        gang: None,
+        workload: Some(Workload::checked("apps/ReplicaSet", &name)),
         node_selector: BTreeMap::new(),
         affinity: vec![],
         tolerations: vec![],
@@ -312,6 +321,7 @@ pub fn build(trace: &Trace, p: &Params) -> (Cluster, Summary) {
             pods,
             pdbs: vec![],
             now: None,
+            ..Default::default()
         },
         summary,
     )

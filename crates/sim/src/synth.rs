@@ -252,6 +252,7 @@ pub fn generate(p: &SynthParams) -> Objects {
         pods,
         pdbs: Vec::new(),
         devices: Vec::new(),
+        ..Default::default()
     }
 }
 
