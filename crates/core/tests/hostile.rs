@@ -413,7 +413,7 @@ fn pod_obj(
         "apiVersion": "v1", "kind": "Pod", "metadata": meta,
         "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {
             "limits": {"nvidia.com/gpu": gpus}, "requests": {"cpu": "1", "memory": "1Gi"}}}]},
-        "status": {"phase": "Running"}
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
     }))
     .unwrap()
 }
@@ -458,6 +458,9 @@ fn whole_gpu_policy() -> Policy {
             models: vec![],
             weight: 1.0,
         }],
+        // Each pod is its workload's only replica: the records are on trial here, not
+        // the workload rules.
+        evict_single_replicas: true,
         ..Policy::default()
     }
 }

@@ -355,11 +355,21 @@ fn check_plan(c: &Cluster, pol: &Policy, pl: &Plan) -> Result<(), TestCaseError>
             .values()
             .all(|v| *v <= pol.max_evictions_per_namespace)
     );
-    prop_assert!(
-        per_owner
-            .values()
-            .all(|v| *v <= pol.max_unavailable_per_workload)
-    );
+    // Workload rules, from live state: no moved pod's workload was already at its
+    // unavailability limit, and none was its workload's last Ready replica unless a PDB
+    // allowed it (moves of one workload are serialised by the executor, so the plan may
+    // hold several).
+    for ((ns, owner), _) in per_owner {
+        let same = |q: &&Pod| q.namespace == ns && q.owner.as_ref() == Some(owner);
+        let live: Vec<&Pod> = c.pods.iter().filter(same).filter(|q| !q.phase.is_terminal()).collect();
+        let ready = live.iter().filter(|q| q.phase == Phase::Running && q.ready && !q.deleting).count() as u32;
+        let unavailable = live.len() as u32 - ready;
+        prop_assert!(unavailable < pol.max_unavailable_per_workload, "{ns}/{owner:?} already unavailable");
+        let covered = c.pods.iter().filter(same).any(|q| {
+            c.pdbs.iter().any(|b| b.namespace == q.namespace && b.selector.as_ref().unwrap().matches(&q.labels))
+        });
+        prop_assert!(ready >= 2 || covered || pol.evict_single_replicas, "last Ready replica of {ns}/{owner:?} moved");
+    }
     for (b, n) in per_pdb {
         prop_assert!(n <= c.pdbs[b].disruptions_allowed, "PDB {} over", b);
     }
@@ -502,12 +512,14 @@ proptest! {
     }
 }
 
-/// Two pods of one workload (ns0/rs0), each alone on its node (300 milli), and a third
-/// node with two GPUs at 700: each pod can fill one of them and free its node. With
-/// `maxUnavailablePerWorkload: 1` the plan may move one of them, not both.
-/// (Regression: the limit was once checked within a unit only.)
+/// Two Ready replicas of one workload (ns0/rs0), each alone on its node (300 milli), and a
+/// third node with two GPUs at 700: each pod can fill one of them and free its node.
+/// `maxUnavailablePerWorkload: 1` counts replicas unavailable *at once*, from live state,
+/// not moves per plan: both move (the executor evicts the second once the first's
+/// replacement is Ready). With a third replica Pending, the workload is already at its
+/// limit, and neither moves — also after a restart, since nothing is counted in memory.
 #[test]
-fn workload_limit_holds_across_batches() {
+fn workload_limit_counts_live_unavailability() {
     let mut c = Cluster {
         nodes: vec![
             node("n0", 2, Granularity::Device),
@@ -523,12 +535,25 @@ fn workload_limit_holds_across_batches() {
     let c = finish(c);
     let mut pol = exact_policy(4);
     pol.max_unavailable_per_workload = 1;
+    pol.evict_single_replicas = false;
     let pl = plan(&c, &pol, None, &History::default());
     let moved: Vec<&str> = pl.moves.iter().map(|m| m.pod.as_str()).collect();
-    assert!(
-        moved.iter().filter(|p| p.starts_with("ns0/")).count() <= 1,
-        "both pods of ns0/rs0 moved: {moved:?}"
+    assert_eq!(
+        moved.iter().filter(|p| p.starts_with("ns0/")).count(),
+        2,
+        "{moved:?}"
     );
+    // A third replica, Pending: the workload already has one replica unavailable.
+    let mut pending = pod("ns0", "e", "rs0");
+    pending.phase = Phase::Pending;
+    pending.ready = false;
+    pending.shape = Some(GpuShape { gpus: 1, milli: 300 });
+    let mut c2 = c.clone();
+    c2.pods.push(pending);
+    let c2 = finish(c2);
+    let pl = plan(&c2, &pol, None, &History::default());
+    assert!(pl.moves.iter().all(|m| !m.pod.starts_with("ns0/")), "{:?}", pl.moves);
+    assert_eq!(pl.skipped.get("workload-unavailable"), Some(&2), "{:?}", pl.skipped);
 }
 
 // ---------------------------------------------------------------------------------
@@ -613,6 +638,8 @@ fn exact_policy(budget: u32) -> Policy {
         max_evictions_per_node: budget,
         max_evictions_per_namespace: budget,
         max_unavailable_per_workload: budget,
+        // The exact cases compare the search with an exhaustive one over every pod.
+        evict_single_replicas: true,
         ..Policy::default()
     }
 }

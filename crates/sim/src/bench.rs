@@ -169,6 +169,9 @@ pub fn bench_policy(shapes: Vec<TargetShape>, budget: u32) -> Policy {
         min_pod_age: std::time::Duration::ZERO,
         max_priority: None,
         protected_classes: Vec::new(),
+        // The trace's tasks carry no workload: each is its own, so every one would be
+        // its workload's last Ready replica. The replay treats each as replaceable.
+        evict_single_replicas: true,
         ..Policy::default()
     }
 }
