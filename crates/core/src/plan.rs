@@ -325,6 +325,9 @@ pub struct Plan {
     pub batches: Vec<Batch>,
     /// GPU pods not movable, by reason code.
     pub skipped: BTreeMap<String, u64>,
+    /// GPU pods not movable, each with its code (`namespace/name`, in pod order).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub skipped_pods: Vec<SkippedPod>,
     /// Target shapes used.
     pub shapes: Vec<TargetShape>,
     /// Nodes that receive no pod back during the run (fence them).
@@ -336,6 +339,15 @@ pub struct Plan {
     /// What the input did not let the planner check ([`Cluster::unchecked`]).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unchecked: Vec<String>,
+}
+
+/// A GPU pod the plan does not move, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SkippedPod {
+    /// `namespace/name`.
+    pub pod: String,
+    /// The skip code ([`Skip::code`]).
+    pub code: &'static str,
 }
 
 /// One GPU fenced by itself during a run.
@@ -407,6 +419,7 @@ impl Plan {
             moves,
             batches,
             skipped: self.skipped.clone(),
+            skipped_pods: self.skipped_pods.clone(),
             shapes: self.shapes.clone(),
             fenced_nodes,
             fenced_devices,
@@ -1286,6 +1299,7 @@ pub fn plan_with_activity(
         .map(|b| b.disruptions_allowed.max(0))
         .collect();
     let mut skipped: BTreeMap<String, u64> = BTreeMap::new();
+    let mut skipped_pods = Vec::new();
     let workloads = Workloads::of(cluster);
     let mut ok = vec![false; cluster.pods.len()];
     for (i, p) in cluster.pods.iter().enumerate() {
@@ -1305,7 +1319,13 @@ pub fn plan_with_activity(
         });
         match r {
             Ok(()) => ok[i] = true,
-            Err(s) => *skipped.entry(s.code().to_string()).or_default() += 1,
+            Err(s) => {
+                *skipped.entry(s.code().to_string()).or_default() += 1;
+                skipped_pods.push(SkippedPod {
+                    pod: p.key(),
+                    code: s.code(),
+                });
+            }
         }
     }
 
@@ -1486,6 +1506,7 @@ pub fn plan_with_activity(
         moves,
         batches,
         skipped,
+        skipped_pods,
         shapes,
         fenced_nodes,
         fenced_devices,

@@ -445,6 +445,16 @@ async fn run(
     let mut stop: Option<Stop> = None;
     let in_flight_max = policy.max_in_flight.max(1) as usize;
     'moves: for m in &plan.moves {
+        // A workload loses at most `maxUnavailablePerWorkload` replicas at once: its next
+        // eviction waits until the replacement of its previous one is Ready.
+        let workload = m.pod.split_once('/').and_then(|(ns, pod_name)| {
+            ctx.pods
+                .state()
+                .into_iter()
+                .find(|p| p.namespace().as_deref() == Some(ns) && p.name_any() == pod_name)
+                .and_then(|p| owner_of(&p))
+        });
+        let per_workload = policy.max_unavailable_per_workload.max(1) as usize;
         // Wait for room.
         loop {
             settle(
@@ -461,7 +471,11 @@ async fn run(
             if stop.is_some() {
                 break 'moves;
             }
-            if waits.len() < in_flight_max {
+            let same_workload = waits
+                .iter()
+                .filter(|w| Some(&w.owner) == workload.as_ref())
+                .count();
+            if waits.len() < in_flight_max && same_workload < per_workload {
                 break;
             }
             tokio::time::sleep(POLL).await;

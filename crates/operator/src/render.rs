@@ -175,6 +175,29 @@ pub fn plan(before: &Report, after: &Report, p: &gpu_defrag_core::plan::Plan) ->
     if !p.skipped.is_empty() {
         let skipped: Vec<String> = p.skipped.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let _ = writeln!(s, "  not movable: {}", skipped.join(", "));
+        // A few pods per code; `-o json` lists every one (docs/user-guide.md says what
+        // each code means and what makes it go away).
+        for code in p.skipped.keys() {
+            let pods: Vec<&str> = p
+                .skipped_pods
+                .iter()
+                .filter(|sp| sp.code == code)
+                .map(|sp| sp.pod.as_str())
+                .collect();
+            if pods.is_empty() {
+                continue;
+            }
+            let more = if pods.len() > 5 {
+                format!(" … {} more", pods.len() - 5)
+            } else {
+                String::new()
+            };
+            let shown: Vec<&str> = pods.into_iter().take(5).collect();
+            let _ = writeln!(s, "    {code}: {}{more}", shown.join(", "));
+        }
+    }
+    for note in &p.unchecked {
+        let _ = writeln!(s, "  not checked: {note}");
     }
     let _ = writeln!(s, "\nAFTER (expected)");
     s.push_str(&summary(after));

@@ -374,6 +374,7 @@ mod bounds {
                 .collect(),
             pending_served: (0..moves).map(pod_key).collect(),
             unchecked: Vec::new(),
+            skipped_pods: Vec::new(),
         }
     }
 
