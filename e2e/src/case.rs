@@ -66,7 +66,8 @@ impl Case {
             "target": {"shapes": shapes, "fromPending": true},
             "trigger": {"minFragmentRate": 0.1},
             "limits": limits,
-            "safety": {"minPodAge": "0s", "rescheduleTimeout": "2m"},
+            // The pool's nodes and pods are brand new.
+            "safety": {"minPodAge": "0s", "minNodeAge": "0s", "rescheduleTimeout": "2m"},
         })
     }
 

@@ -27,6 +27,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use k8s_openapi::api::{
     apps::v1::Deployment,
     core::v1::{Node, Pod, PodSpec},
+    policy::v1::PodDisruptionBudget,
     rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
 };
 use kube::{
@@ -699,8 +700,54 @@ pub fn with_role(mut d: Deployment, role: &str) -> Result<Deployment> {
 /// Fragments `pool` the way `make demo` does: fills every free GPU of the pool with
 /// single-replica 1-GPU Deployments `infer-NN` (labelled `e2e-role=infer`), waits until
 /// they run, then deletes Deployments until node `i` of the pool holds `keep[i]` of them.
-/// Returns the names of the Deployments kept, sorted.
+/// Each kept Deployment gets a PodDisruptionBudget `maxUnavailable: 1` (what the owner of
+/// a single-replica service that may be moved writes: without it, gpu-defrag never moves
+/// a workload's last Ready replica), and the call returns once the disruption controller
+/// has caught up with every one. Returns the names of the Deployments kept, sorted.
 pub async fn fragment(
+    client: &Client,
+    ns: &str,
+    pool: &Pool,
+    keep: &[usize],
+) -> Result<Vec<String>> {
+    let kept = fragment_without_pdbs(client, ns, pool, keep).await?;
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
+    for app in &kept {
+        let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+            "metadata": {"name": app, "labels": {ROLE_LABEL: "infer"}},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": app}}},
+        }))?;
+        pdbs.create(&PostParams::default(), &pdb)
+            .await
+            .with_context(|| format!("creating PDB {app}"))?;
+    }
+    wait_for(
+        "the fillers' PDBs to allow one disruption each",
+        Duration::from_secs(120),
+        || async {
+            let list = pdbs
+                .list(&ListParams::default().labels(&format!("{ROLE_LABEL}=infer")))
+                .await?;
+            let ready = list
+                .items
+                .iter()
+                .filter(|p| {
+                    p.status.as_ref().is_some_and(|s| {
+                        s.disruptions_allowed == Some(1)
+                            && s.observed_generation.is_some()
+                            && s.observed_generation == p.metadata.generation
+                    })
+                })
+                .count();
+            Ok((ready == kept.len()).then_some(()))
+        },
+    )
+    .await?;
+    Ok(kept)
+}
+
+/// [`fragment`] without the PodDisruptionBudgets (for tests that set their own).
+pub async fn fragment_without_pdbs(
     client: &Client,
     ns: &str,
     pool: &Pool,

@@ -31,7 +31,7 @@ use gpu_defrag_e2e::{
     case::{Case, RUN_TIMEOUT, T, has_finished_run},
     fixtures::{pod_ready, pods, wait_for},
     operator::{
-        Operator, PodWatch, ROLE_LABEL, fragment, int_at, pod_app, str_at, strings_at, wait_status,
+        Operator, PodWatch, ROLE_LABEL, fragment_without_pdbs, int_at, pod_app, str_at, strings_at, wait_status,
         with_role,
     },
 };
@@ -159,7 +159,7 @@ async fn churn(c: &Case, stop: Arc<AtomicBool>, t0: Instant) -> (usize, usize, V
 #[tokio::test]
 async fn churn_during_a_run_loses_no_pod_and_violates_no_pdb() {
     let c = Case::new("churn", 6, 8).await;
-    let infer = fragment(&c.client, c.name(), &c.pool, &[4, 4, 4, 4, 0, 0])
+    let infer = fragment_without_pdbs(&c.client, c.name(), &c.pool, &[4, 4, 4, 4, 0, 0])
         .await
         .unwrap();
     assert_eq!(infer.len(), 16);

@@ -1169,3 +1169,205 @@ async fn hami_single_gpu_drain_cordons_only_that_gpu() {
     assert_eq!(lists.last(), Some(&Some(admin.clone())), "{seen:?}");
     c.cleanup(&[c.name()]).await;
 }
+
+/// The Ready pods of each `app` in the namespace, sampled every 200 ms until dropped: the
+/// lowest count seen per app.
+struct ReadyLow {
+    low: std::sync::Arc<std::sync::Mutex<BTreeMap<String, usize>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ReadyLow {
+    fn start(client: &kube::Client, ns: &str, apps: &[String]) -> Self {
+        let low = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+        let (client, ns, apps, low2) = (client.clone(), ns.to_string(), apps.to_vec(), low.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                if let Ok(ps) = pods(&client, &ns, "").await {
+                    let mut l = low2.lock().unwrap();
+                    for app in &apps {
+                        let ready = ps
+                            .iter()
+                            .filter(|p| gpu_defrag_e2e::operator::pod_app(p) == app)
+                            .filter(|p| gpu_defrag_e2e::fixtures::pod_ready(p))
+                            .count();
+                        let e = l.entry(app.clone()).or_insert(ready);
+                        *e = (*e).min(ready);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        ReadyLow { low, task }
+    }
+
+    fn low(&self) -> BTreeMap<String, usize> {
+        self.low.lock().unwrap().clone()
+    }
+}
+
+impl Drop for ReadyLow {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Cordons every pool node but `node` (or uncordons all with `None`).
+async fn cordon_all_but(c: &Case, node: Option<&str>) {
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    for n in &c.pool.nodes {
+        let unschedulable = node.is_some_and(|keep| keep != n);
+        nodes
+            .patch(
+                n,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"spec": {"unschedulable": unschedulable}})),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+/// Bin-packing puts a workload's replicas together: three 8-GPU nodes, each holding the two
+/// 2-GPU replicas of its own Deployment (no PDB), and a pending 8-GPU pod. With the default
+/// limits (`maxUnavailablePerWorkload: 1`, `maxEvictionsPerNode: 4`) the plan drains one
+/// node — both replicas of one workload — and the run evicts them one at a time, each
+/// after the replacement of the previous one is Ready: the workload never has fewer than
+/// one Ready replica, and the 8-GPU pod then runs on the emptied node.
+#[tokio::test]
+async fn replicas_packed_on_nodes_drain_one_at_a_time_with_default_limits() {
+    let c = Case::new("replicas", 3, 8).await;
+    let apps: Vec<String> = (0..3).map(|i| format!("svc-{i}")).collect();
+    for (i, app) in apps.iter().enumerate() {
+        cordon_all_but(&c, Some(&c.pool.nodes[i])).await;
+        let d = c.pool.deployment(app, 2, 2).unwrap();
+        c.deployments()
+            .create(&PostParams::default(), &d)
+            .await
+            .unwrap();
+        let running = wait_ready_pods(&c.client, c.name(), &format!("app={app}"), 2, T)
+            .await
+            .unwrap();
+        for p in &running {
+            assert_eq!(pod_node(p), Some(c.pool.nodes[i].as_str()));
+        }
+    }
+    cordon_all_but(&c, None).await;
+    c.pending_training_job().await;
+    // Default limits: no `limits` at all.
+    c.dry_run_policy(json!([{"gpus": 8}]), json!({})).await;
+    let _op = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
+    let st = wait_status(&c.client, c.name(), "a plan draining one node", T, |s| {
+        int_at(s, "/plan/totalMoves") == Some(2)
+    })
+    .await
+    .unwrap();
+    let moves = st.pointer("/plan/moves").and_then(Value::as_array).unwrap();
+    let from: BTreeSet<&str> = moves.iter().filter_map(|m| str_at(m, "/fromNode")).collect();
+    assert_eq!(from.len(), 1, "{st:#}");
+    let planned_app: BTreeSet<String> = moves
+        .iter()
+        .filter_map(|m| str_at(m, "/pod"))
+        .map(|p| p.split('/').nth(1).unwrap().rsplitn(3, '-').nth(2).unwrap().to_string())
+        .collect();
+    assert_eq!(planned_app.len(), 1, "both moves are of one workload: {st:#}");
+
+    let low = ReadyLow::start(&c.client, c.name(), &apps);
+    let watch = PodWatch::start(&c.client, c.name(), &c.pool, c.name())
+        .await
+        .unwrap();
+    c.enforce_now().await;
+    let st = wait_status(&c.client, c.name(), "the run to finish", RUN_TIMEOUT, has_finished_run)
+        .await
+        .unwrap();
+    let run = st.pointer("/lastRuns/0").unwrap().clone();
+    assert_eq!(str_at(&run, "/result"), Some("Succeeded"), "{run:#}");
+    assert_eq!(int_at(&run, "/evicted"), Some(2), "{run:#}");
+    let train_node = c.training_job_running(T).await;
+    assert!(from.contains(train_node.as_str()), "the 8-GPU pod runs on {train_node}");
+    wait_deployments_ready(&c.client, c.name(), &apps, T)
+        .await
+        .unwrap();
+    for (app, n) in low.low() {
+        assert!(n >= 1, "{app} had {n} Ready replicas during the run");
+    }
+    assert_eq!(watch.seen().violations, BTreeMap::new());
+    assert_eq!(c.fenced_nodes().await, Vec::<String>::new());
+    c.cleanup(&[c.name()]).await;
+}
+
+/// A Deployment pod that names a Volcano pod group (`scheduling.k8s.io/group-name`) may be a
+/// gang member; where the group cannot be read (here: no Volcano CRD), it is never moved
+/// (`gang-unknown`), even when draining its node would be the cheapest plan: the run
+/// drains another node instead and the gang's pods keep running where they are.
+#[tokio::test]
+async fn gang_annotated_deployment_pod_is_never_moved() {
+    let c = Case::new("gang", 3, 8).await;
+    let n = &c.pool.nodes;
+    // n0: two pods of a Deployment in a Volcano group, nothing else — the cheapest drain.
+    let mut gang = c.pool.deployment("gang", 2, 1).unwrap();
+    let tpl = gang.spec.template.metadata.as_mut().unwrap();
+    tpl.annotations = Some(
+        [(
+            "scheduling.k8s.io/group-name".to_string(),
+            "gang-pg".to_string(),
+        )]
+        .into(),
+    );
+    gang.spec.template.spec.as_mut().unwrap().node_name = Some(n[0].clone());
+    c.deployments()
+        .create(&PostParams::default(), &gang)
+        .await
+        .unwrap();
+    let gang_uids: BTreeSet<String> = wait_ready_pods(&c.client, c.name(), "app=gang", 2, T)
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|p| p.metadata.uid.clone())
+        .collect();
+    // n1, n2: six fillers each.
+    fragment(&c.client, c.name(), &c.pool, &[0, 6, 6])
+        .await
+        .unwrap();
+    c.pending_training_job().await;
+    c.dry_run_policy(
+        json!([{"gpus": 8}]),
+        json!({"maxEvictionsPerRun": 20, "maxEvictionsPerNode": 8,
+               "maxEvictionsPerNamespace": 20, "maxInFlight": 2}),
+    )
+    .await;
+    let _op = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
+    let st = wait_status(&c.client, c.name(), "a plan with the gang skipped", T, |s| {
+        int_at(s, "/plan/totalMoves").unwrap_or(0) > 0
+            && int_at(s, "/skipped/gang-unknown") == Some(2)
+    })
+    .await
+    .unwrap();
+    for m in st.pointer("/plan/moves").and_then(Value::as_array).unwrap() {
+        assert_ne!(str_at(m, "/fromNode"), Some(n[0].as_str()), "{m}");
+        assert!(!str_at(m, "/pod").unwrap().contains("/gang-"), "{m}");
+    }
+    let watch = PodWatch::start(&c.client, c.name(), &c.pool, c.name())
+        .await
+        .unwrap();
+    c.enforce_now().await;
+    let st = wait_status(&c.client, c.name(), "the run to finish", RUN_TIMEOUT, has_finished_run)
+        .await
+        .unwrap();
+    let run = st.pointer("/lastRuns/0").unwrap().clone();
+    assert!(int_at(&run, "/evicted").unwrap_or(0) > 0, "{run:#}");
+    for p in strings_at(&run, "/evictedPods") {
+        assert!(p.starts_with(&format!("{}/infer-", c.name())), "evicted {p}");
+    }
+    let train_node = c.training_job_running(T).await;
+    assert_ne!(train_node, n[0]);
+    let now = c.uids().await;
+    for uid in &gang_uids {
+        assert!(now.contains_key(uid), "a gang pod was replaced");
+    }
+    for p in watch.seen().gone() {
+        assert_ne!(p.app, "gang", "{p:?}");
+    }
+    assert_eq!(c.fenced_nodes().await, Vec::<String>::new());
+    c.cleanup(&[c.name()]).await;
+}

@@ -357,7 +357,7 @@ async fn thousand_nodes_six_thousand_pods_first_status_memory_and_requests() {
             "trigger": {"minFragmentRate": 0.1},
             "limits": {"maxEvictionsPerRun": 100, "maxEvictionsPerNode": 8,
                        "maxEvictionsPerNamespace": 100},
-            "safety": {"minPodAge": "0s"},
+            "safety": {"minPodAge": "0s", "minNodeAge": "0s"},
         }),
     )
     .await
