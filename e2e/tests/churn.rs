@@ -31,8 +31,8 @@ use gpu_defrag_e2e::{
     case::{Case, RUN_TIMEOUT, T, has_finished_run},
     fixtures::{pod_ready, pods, wait_for},
     operator::{
-        Operator, PodWatch, ROLE_LABEL, fragment_without_pdbs, int_at, pod_app, str_at, strings_at, wait_status,
-        with_role,
+        Operator, PodWatch, ROLE_LABEL, fragment_without_pdbs, int_at, pod_app, str_at, strings_at,
+        wait_status, with_role,
     },
 };
 use k8s_openapi::api::{apps::v1::Deployment, policy::v1::PodDisruptionBudget};

@@ -1263,31 +1263,57 @@ async fn replicas_packed_on_nodes_drain_one_at_a_time_with_default_limits() {
     .await
     .unwrap();
     let moves = st.pointer("/plan/moves").and_then(Value::as_array).unwrap();
-    let from: BTreeSet<&str> = moves.iter().filter_map(|m| str_at(m, "/fromNode")).collect();
+    let from: BTreeSet<&str> = moves
+        .iter()
+        .filter_map(|m| str_at(m, "/fromNode"))
+        .collect();
     assert_eq!(from.len(), 1, "{st:#}");
     let planned_app: BTreeSet<String> = moves
         .iter()
         .filter_map(|m| str_at(m, "/pod"))
-        .map(|p| p.split('/').nth(1).unwrap().rsplitn(3, '-').nth(2).unwrap().to_string())
+        .map(|p| {
+            p.split('/')
+                .nth(1)
+                .unwrap()
+                .rsplitn(3, '-')
+                .nth(2)
+                .unwrap()
+                .to_string()
+        })
         .collect();
-    assert_eq!(planned_app.len(), 1, "both moves are of one workload: {st:#}");
+    assert_eq!(
+        planned_app.len(),
+        1,
+        "both moves are of one workload: {st:#}"
+    );
 
     let low = ReadyLow::start(&c.client, c.name(), &apps);
     let watch = PodWatch::start(&c.client, c.name(), &c.pool, c.name())
         .await
         .unwrap();
     c.enforce_now().await;
-    let st = wait_status(&c.client, c.name(), "the run to finish", RUN_TIMEOUT, has_finished_run)
-        .await
-        .unwrap();
+    let st = wait_status(
+        &c.client,
+        c.name(),
+        "the run to finish",
+        RUN_TIMEOUT,
+        has_finished_run,
+    )
+    .await
+    .unwrap();
     let run = st.pointer("/lastRuns/0").unwrap().clone();
     assert_eq!(str_at(&run, "/result"), Some("Succeeded"), "{run:#}");
     assert_eq!(int_at(&run, "/evicted"), Some(2), "{run:#}");
     let train_node = c.training_job_running(T).await;
-    assert!(from.contains(train_node.as_str()), "the 8-GPU pod runs on {train_node}");
-    wait_deployments_ready(&c.client, c.name(), &apps, T)
-        .await
-        .unwrap();
+    assert!(
+        from.contains(train_node.as_str()),
+        "the 8-GPU pod runs on {train_node}"
+    );
+    for app in &apps {
+        wait_ready_pods(&c.client, c.name(), &format!("app={app}"), 2, T)
+            .await
+            .unwrap();
+    }
     for (app, n) in low.low() {
         assert!(n >= 1, "{app} had {n} Ready replicas during the run");
     }
@@ -1337,10 +1363,16 @@ async fn gang_annotated_deployment_pod_is_never_moved() {
     )
     .await;
     let _op = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
-    let st = wait_status(&c.client, c.name(), "a plan with the gang skipped", T, |s| {
-        int_at(s, "/plan/totalMoves").unwrap_or(0) > 0
-            && int_at(s, "/skipped/gang-unknown") == Some(2)
-    })
+    let st = wait_status(
+        &c.client,
+        c.name(),
+        "a plan with the gang skipped",
+        T,
+        |s| {
+            int_at(s, "/plan/totalMoves").unwrap_or(0) > 0
+                && int_at(s, "/skipped/gang-unknown") == Some(2)
+        },
+    )
     .await
     .unwrap();
     for m in st.pointer("/plan/moves").and_then(Value::as_array).unwrap() {
@@ -1351,13 +1383,22 @@ async fn gang_annotated_deployment_pod_is_never_moved() {
         .await
         .unwrap();
     c.enforce_now().await;
-    let st = wait_status(&c.client, c.name(), "the run to finish", RUN_TIMEOUT, has_finished_run)
-        .await
-        .unwrap();
+    let st = wait_status(
+        &c.client,
+        c.name(),
+        "the run to finish",
+        RUN_TIMEOUT,
+        has_finished_run,
+    )
+    .await
+    .unwrap();
     let run = st.pointer("/lastRuns/0").unwrap().clone();
     assert!(int_at(&run, "/evicted").unwrap_or(0) > 0, "{run:#}");
     for p in strings_at(&run, "/evictedPods") {
-        assert!(p.starts_with(&format!("{}/infer-", c.name())), "evicted {p}");
+        assert!(
+            p.starts_with(&format!("{}/infer-", c.name())),
+            "evicted {p}"
+        );
     }
     let train_node = c.training_job_running(T).await;
     assert_ne!(train_node, n[0]);

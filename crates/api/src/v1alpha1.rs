@@ -253,7 +253,11 @@ pub struct Limits {
     #[serde(default = "default_in_flight")]
     #[schemars(range(min = 1, max = 100))]
     pub max_in_flight: i32,
-    /// Pods of one workload (ReplicaSet, StatefulSet, …) unavailable at once because of us.
+    /// Replicas of one workload (Deployment, StatefulSet, …) that may be unavailable at
+    /// once — not Ready, Pending or terminating, whatever the cause — counted from live
+    /// state: a workload already at the limit loses no pod, and a run evicts a workload's
+    /// next pod only once the replacement of its previous one is Ready. Not a cap on
+    /// moves per plan.
     #[serde(default = "default_in_flight")]
     #[schemars(range(min = 1, max = 1000))]
     pub max_unavailable_per_workload: i32,
@@ -358,7 +362,13 @@ pub struct Safety {
     /// core group), e.g. `example.com/InferenceServer`. Gangs are never moved, listed or
     /// not.
     #[serde(default)]
-    #[schemars(length(max = 32), inner(regex(pattern = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z][A-Za-z0-9]*$"), length(max = 253)))]
+    #[schemars(
+        length(max = 32),
+        inner(
+            regex(pattern = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z][A-Za-z0-9]*$"),
+            length(max = 253)
+        )
+    )]
     pub movable_owner_kinds: Vec<String>,
     /// How long to wait for an evicted pod's replacement to be Ready before the run stops
     /// as stalled.

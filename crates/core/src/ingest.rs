@@ -647,7 +647,9 @@ fn base_pod(p: &corev1::Pod, nodes: &[Node]) -> (Pod, Requests) {
         owner,
         workload: None,
         gang: None,
-        started: status.and_then(|s| s.start_time.as_ref()).and_then(to_chrono),
+        started: status
+            .and_then(|s| s.start_time.as_ref())
+            .and_then(to_chrono),
         ready,
         deleting: meta.deletion_timestamp.is_some(),
         mirror: annotations.contains_key("kubernetes.io/config.mirror"),
@@ -1184,7 +1186,11 @@ fn unchecked_notes(pods: &[Pod], listed: &Listed) -> Vec<String> {
     let mut notes = Vec::new();
     let not_checked = pods
         .iter()
-        .filter(|p| p.workload.as_ref().is_some_and(|w| w.chain == Chain::NotChecked))
+        .filter(|p| {
+            p.workload
+                .as_ref()
+                .is_some_and(|w| w.chain == Chain::NotChecked)
+        })
         .count();
     if not_checked > 0 {
         let missing: Vec<&str> = [
@@ -1304,7 +1310,11 @@ fn apply_uses(nodes: &mut [Node], pods: &mut [Pod], kai: &[(usize, String, Milli
     for pi in unconfirmed {
         let why = format!(
             "KAI fraction of group {} without its reservation pod in {KAI_RESERVATION_NS} on the node",
-            pods[pi].labels.get(KAI_GROUP).map(String::as_str).unwrap_or("?")
+            pods[pi]
+                .labels
+                .get(KAI_GROUP)
+                .map(String::as_str)
+                .unwrap_or("?")
         );
         pods[pi].gpu = GpuUse::Unknown(UnknownReason::Unconfirmed(why));
     }

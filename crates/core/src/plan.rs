@@ -19,9 +19,9 @@ use crate::model::*;
 use crate::policy::{Policy, TargetShape, parse_duration};
 use crate::sched;
 
-/// Why a pod is not movable. Codes are stable (status, metrics, docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "kebab-case")]
+/// Why a pod is not movable. Codes are stable (status, metrics, docs); a `Skip`
+/// serialises as its code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Skip {
     /// Namespace or pod selector of the policy excludes it.
     OutOfScope,
@@ -160,6 +160,12 @@ impl Skip {
     ];
 }
 
+impl Serialize for Skip {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.code())
+    }
+}
+
 /// A workload's live state: pods Ready, and pods unavailable (not Ready, Pending or
 /// terminating), over every non-terminal pod of it in the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -220,8 +226,7 @@ pub fn extra_cost(pod: &Pod) -> f64 {
     let mut extra = 0.0;
     if pod
         .annotations
-        .get(gpu_defrag_api::DESCHEDULER_PREFER_NO_EVICTION)
-        .is_some()
+        .contains_key(gpu_defrag_api::DESCHEDULER_PREFER_NO_EVICTION)
     {
         extra += PREFER_NO_EVICTION_COST;
     }
@@ -229,7 +234,10 @@ pub fn extra_cost(pod: &Pod) -> f64 {
         crate::ingest::KOORD_EVICTION_COST,
         crate::ingest::POD_DELETION_COST,
     ] {
-        if let Some(v) = pod.annotations.get(key).and_then(|v| v.trim().parse::<i64>().ok())
+        if let Some(v) = pod
+            .annotations
+            .get(key)
+            .and_then(|v| v.trim().parse::<i64>().ok())
             && v > 0
         {
             // 1 more eviction per decade of cost, at most 3 (both scales are int32).
@@ -1068,14 +1076,14 @@ impl<'a> State<'a> {
         self.pending.iter().any(|&pi| {
             self.c.pods[pi].priority >= min_priority
                 && sched::fits(
-                &self.c.pods[pi],
-                node,
-                &self.cap.free[n],
-                self.cap.cpu_free[n],
-                self.cap.mem_free[n],
-                self.cap.pods_free[n],
-            )
-            .is_some()
+                    &self.c.pods[pi],
+                    node,
+                    &self.cap.free[n],
+                    self.cap.cpu_free[n],
+                    self.cap.mem_free[n],
+                    self.cap.pods_free[n],
+                )
+                .is_some()
         })
     }
 
@@ -1361,7 +1369,11 @@ pub fn plan_with_activity(
         node_free: vec![u64::MAX; nodes_n],
         cap,
         counted: counted.clone(),
-        no_target: cluster.nodes.iter().map(|n| !warm(n, policy, now)).collect(),
+        no_target: cluster
+            .nodes
+            .iter()
+            .map(|n| !warm(n, policy, now))
+            .collect(),
         no_target_gpu: BTreeSet::new(),
         received: vec![false; nodes_n],
         moved: vec![false; cluster.pods.len()],
@@ -1432,14 +1444,14 @@ pub fn plan_with_activity(
             if let Some(pos) = st.pending.iter().position(|&pi| {
                 cluster.pods[pi].priority >= prio
                     && sched::fits(
-                    &cluster.pods[pi],
-                    node,
-                    &st.cap.free[u.node],
-                    st.cap.cpu_free[u.node],
-                    st.cap.mem_free[u.node],
-                    st.cap.pods_free[u.node],
-                )
-                .is_some()
+                        &cluster.pods[pi],
+                        node,
+                        &st.cap.free[u.node],
+                        st.cap.cpu_free[u.node],
+                        st.cap.mem_free[u.node],
+                        st.cap.pods_free[u.node],
+                    )
+                    .is_some()
             }) {
                 newly_served.push(st.pending.remove(pos));
             }

@@ -208,7 +208,11 @@ fn pod_group(v: &Value) -> Option<(GroupSource, String, String, Result<i64, Stri
 
 impl<'a> Index<'a> {
     /// Indexes the owner objects and pod groups.
-    pub fn new(controllers: &[(ControllerKind, &'a ObjectMeta)], groups: &[Value], listed: Listed) -> Self {
+    pub fn new(
+        controllers: &[(ControllerKind, &'a ObjectMeta)],
+        groups: &[Value],
+        listed: Listed,
+    ) -> Self {
         let mut idx = Index {
             listed,
             ..Default::default()
@@ -269,17 +273,15 @@ impl<'a> Index<'a> {
         }
         let Some(meta) = self.controllers.get(&(kind, ns, owner.name.as_str())) else {
             return Some(Workload {
-                chain: Chain::Broken(format!(
-                    "{} {ns}/{} not found",
-                    kind.kind(),
-                    owner.name
-                )),
+                chain: Chain::Broken(format!("{} {ns}/{} not found", kind.kind(), owner.name)),
                 ..own
             });
         };
         Some(match (kind, controller_owner(meta)) {
             (_, None) => own,
-            (ControllerKind::ReplicaSet, Some(up)) if up.group == "apps" && up.kind == "Deployment" => {
+            (ControllerKind::ReplicaSet, Some(up))
+                if up.group == "apps" && up.kind == "Deployment" =>
+            {
                 Workload::checked("apps/Deployment", &up.name)
             }
             (ControllerKind::Job, Some(up)) if up.group == "batch" && up.kind == "CronJob" => {
@@ -351,7 +353,9 @@ impl<'a> Index<'a> {
 
 /// Namespaces whose metadata carries `gpu-defrag.io/do-not-disrupt` (any value but
 /// `"false"`).
-pub fn protected_namespaces<'a>(namespaces: impl IntoIterator<Item = &'a ObjectMeta>) -> BTreeSet<String> {
+pub fn protected_namespaces<'a>(
+    namespaces: impl IntoIterator<Item = &'a ObjectMeta>,
+) -> BTreeSet<String> {
     namespaces
         .into_iter()
         .filter(|m| {
@@ -412,17 +416,44 @@ mod tests {
         let idx = Index::new(&objs, &[], all);
         let l = BTreeMap::new();
         let w = |o: Owner| idx.workload("ml", Some(&o), &l).unwrap();
-        assert_eq!(w(owner("apps", "ReplicaSet", "web-5d8f")), Workload::checked("apps/Deployment", "web"));
-        assert_eq!(w(owner("apps", "ReplicaSet", "canary-1")), Workload::checked("argoproj.io/Rollout", "canary"));
-        assert_eq!(w(owner("apps", "ReplicaSet", "bare-rs")), Workload::checked("apps/ReplicaSet", "bare-rs"));
-        assert_eq!(w(owner("apps", "StatefulSet", "lws-0")), Workload::checked("Pod", "lws-0"));
-        assert_eq!(w(owner("batch", "Job", "nightly-1")), Workload::checked("batch/CronJob", "nightly"));
-        assert_eq!(w(owner("batch", "Job", "js-w-0")), Workload::checked("jobset.x-k8s.io/JobSet", "js"));
-        assert_eq!(w(owner("kubeflow.org", "PyTorchJob", "pt")), Workload::checked("kubeflow.org/PyTorchJob", "pt"));
+        assert_eq!(
+            w(owner("apps", "ReplicaSet", "web-5d8f")),
+            Workload::checked("apps/Deployment", "web")
+        );
+        assert_eq!(
+            w(owner("apps", "ReplicaSet", "canary-1")),
+            Workload::checked("argoproj.io/Rollout", "canary")
+        );
+        assert_eq!(
+            w(owner("apps", "ReplicaSet", "bare-rs")),
+            Workload::checked("apps/ReplicaSet", "bare-rs")
+        );
+        assert_eq!(
+            w(owner("apps", "StatefulSet", "lws-0")),
+            Workload::checked("Pod", "lws-0")
+        );
+        assert_eq!(
+            w(owner("batch", "Job", "nightly-1")),
+            Workload::checked("batch/CronJob", "nightly")
+        );
+        assert_eq!(
+            w(owner("batch", "Job", "js-w-0")),
+            Workload::checked("jobset.x-k8s.io/JobSet", "js")
+        );
+        assert_eq!(
+            w(owner("kubeflow.org", "PyTorchJob", "pt")),
+            Workload::checked("kubeflow.org/PyTorchJob", "pt")
+        );
         // A ReplicaSet of another group is not apps/ReplicaSet.
-        assert_eq!(w(owner("example.com", "ReplicaSet", "x")).kind, "example.com/ReplicaSet");
+        assert_eq!(
+            w(owner("example.com", "ReplicaSet", "x")).kind,
+            "example.com/ReplicaSet"
+        );
         // Listed but missing: broken.
-        assert!(matches!(w(owner("apps", "ReplicaSet", "gone")).chain, Chain::Broken(_)));
+        assert!(matches!(
+            w(owner("apps", "ReplicaSet", "gone")).chain,
+            Chain::Broken(_)
+        ));
         assert!(idx.workload("ml", None, &l).is_none());
     }
 
@@ -431,13 +462,23 @@ mod tests {
         let idx = Index::new(&[], &[], Listed::default());
         let labels = BTreeMap::from([("pod-template-hash".to_string(), "5d8f".to_string())]);
         let w = idx
-            .workload("ml", Some(&owner("apps", "ReplicaSet", "web-5d8f")), &labels)
+            .workload(
+                "ml",
+                Some(&owner("apps", "ReplicaSet", "web-5d8f")),
+                &labels,
+            )
             .unwrap();
-        assert_eq!((w.kind.as_str(), w.name.as_str(), w.chain), ("apps/Deployment", "web", Chain::NotChecked));
+        assert_eq!(
+            (w.kind.as_str(), w.name.as_str(), w.chain),
+            ("apps/Deployment", "web", Chain::NotChecked)
+        );
         let w = idx
             .workload("ml", Some(&owner("apps", "ReplicaSet", "other")), &labels)
             .unwrap();
-        assert_eq!((w.kind.as_str(), w.chain), ("apps/ReplicaSet", Chain::NotChecked));
+        assert_eq!(
+            (w.kind.as_str(), w.chain),
+            ("apps/ReplicaSet", Chain::NotChecked)
+        );
     }
 
     #[test]
@@ -460,27 +501,59 @@ mod tests {
         let idx = Index::new(&[], &groups, listed);
         let none = BTreeMap::new();
         let ann = |k: &str, v: &str| BTreeMap::from([(k.to_string(), v.to_string())]);
-        assert_eq!(idx.gang("ml", &none, &ann("scheduling.k8s.io/group-name", "single")), None);
-        assert!(matches!(idx.gang("ml", &none, &ann("scheduling.k8s.io/group-name", "gang")), Some(Gang::Member(_))));
-        assert!(matches!(idx.gang("ml", &none, &ann("scheduling.k8s.io/group-name", "missing")), Some(Gang::Unknown(_))));
-        assert!(matches!(idx.gang("ml", &none, &ann("scheduling.k8s.io/group-name", "bad")), Some(Gang::Unknown(_))));
+        assert_eq!(
+            idx.gang("ml", &none, &ann("scheduling.k8s.io/group-name", "single")),
+            None
+        );
+        assert!(matches!(
+            idx.gang("ml", &none, &ann("scheduling.k8s.io/group-name", "gang")),
+            Some(Gang::Member(_))
+        ));
+        assert!(matches!(
+            idx.gang("ml", &none, &ann("scheduling.k8s.io/group-name", "missing")),
+            Some(Gang::Unknown(_))
+        ));
+        assert!(matches!(
+            idx.gang("ml", &none, &ann("scheduling.k8s.io/group-name", "bad")),
+            Some(Gang::Unknown(_))
+        ));
         // Same name, other namespace: not found.
-        assert!(matches!(idx.gang("other", &none, &ann("scheduling.k8s.io/group-name", "single")), Some(Gang::Unknown(_))));
-        assert!(matches!(idx.gang("ml", &none, &ann("pod-group-name", "kai-sub")), Some(Gang::Unknown(_))));
+        assert!(matches!(
+            idx.gang(
+                "other",
+                &none,
+                &ann("scheduling.k8s.io/group-name", "single")
+            ),
+            Some(Gang::Unknown(_))
+        ));
+        assert!(matches!(
+            idx.gang("ml", &none, &ann("pod-group-name", "kai-sub")),
+            Some(Gang::Unknown(_))
+        ));
         for (k, _) in GANG_LABELS {
-            assert!(matches!(idx.gang("ml", &ann(k, "x"), &none), Some(Gang::Member(_))), "{k}");
+            assert!(
+                matches!(idx.gang("ml", &ann(k, "x"), &none), Some(Gang::Member(_))),
+                "{k}"
+            );
         }
         // PodGroups not readable at all: unknown.
         let blind = Index::new(&[], &[], Listed::default());
-        assert!(matches!(blind.gang("ml", &none, &ann("scheduling.k8s.io/group-name", "single")), Some(Gang::Unknown(_))));
+        assert!(matches!(
+            blind.gang("ml", &none, &ann("scheduling.k8s.io/group-name", "single")),
+            Some(Gang::Unknown(_))
+        ));
         assert_eq!(blind.gang("ml", &none, &none), None);
     }
 
     #[test]
     fn namespace_opt_out() {
         let a = meta(json!({"name": "a", "annotations": {"gpu-defrag.io/do-not-disrupt": "true"}}));
-        let b = meta(json!({"name": "b", "annotations": {"gpu-defrag.io/do-not-disrupt": "false"}}));
+        let b =
+            meta(json!({"name": "b", "annotations": {"gpu-defrag.io/do-not-disrupt": "false"}}));
         let c = meta(json!({"name": "c"}));
-        assert_eq!(protected_namespaces([&a, &b, &c]), BTreeSet::from(["a".to_string()]));
+        assert_eq!(
+            protected_namespaces([&a, &b, &c]),
+            BTreeSet::from(["a".to_string()])
+        );
     }
 }

@@ -361,14 +361,30 @@ fn check_plan(c: &Cluster, pol: &Policy, pl: &Plan) -> Result<(), TestCaseError>
     // hold several).
     for ((ns, owner), _) in per_owner {
         let same = |q: &&Pod| q.namespace == ns && q.owner.as_ref() == Some(owner);
-        let live: Vec<&Pod> = c.pods.iter().filter(same).filter(|q| !q.phase.is_terminal()).collect();
-        let ready = live.iter().filter(|q| q.phase == Phase::Running && q.ready && !q.deleting).count() as u32;
+        let live: Vec<&Pod> = c
+            .pods
+            .iter()
+            .filter(same)
+            .filter(|q| !q.phase.is_terminal())
+            .collect();
+        let ready = live
+            .iter()
+            .filter(|q| q.phase == Phase::Running && q.ready && !q.deleting)
+            .count() as u32;
         let unavailable = live.len() as u32 - ready;
-        prop_assert!(unavailable < pol.max_unavailable_per_workload, "{ns}/{owner:?} already unavailable");
+        prop_assert!(
+            unavailable < pol.max_unavailable_per_workload,
+            "{ns}/{owner:?} already unavailable"
+        );
         let covered = c.pods.iter().filter(same).any(|q| {
-            c.pdbs.iter().any(|b| b.namespace == q.namespace && b.selector.as_ref().unwrap().matches(&q.labels))
+            c.pdbs.iter().any(|b| {
+                b.namespace == q.namespace && b.selector.as_ref().unwrap().matches(&q.labels)
+            })
         });
-        prop_assert!(ready >= 2 || covered || pol.evict_single_replicas, "last Ready replica of {ns}/{owner:?} moved");
+        prop_assert!(
+            ready >= 2 || covered || pol.evict_single_replicas,
+            "last Ready replica of {ns}/{owner:?} moved"
+        );
     }
     for (b, n) in per_pdb {
         prop_assert!(n <= c.pdbs[b].disruptions_allowed, "PDB {} over", b);
@@ -547,13 +563,25 @@ fn workload_limit_counts_live_unavailability() {
     let mut pending = pod("ns0", "e", "rs0");
     pending.phase = Phase::Pending;
     pending.ready = false;
-    pending.shape = Some(GpuShape { gpus: 1, milli: 300 });
+    pending.shape = Some(GpuShape {
+        gpus: 1,
+        milli: 300,
+    });
     let mut c2 = c.clone();
     c2.pods.push(pending);
     let c2 = finish(c2);
     let pl = plan(&c2, &pol, None, &History::default());
-    assert!(pl.moves.iter().all(|m| !m.pod.starts_with("ns0/")), "{:?}", pl.moves);
-    assert_eq!(pl.skipped.get("workload-unavailable"), Some(&2), "{:?}", pl.skipped);
+    assert!(
+        pl.moves.iter().all(|m| !m.pod.starts_with("ns0/")),
+        "{:?}",
+        pl.moves
+    );
+    assert_eq!(
+        pl.skipped.get("workload-unavailable"),
+        Some(&2),
+        "{:?}",
+        pl.skipped
+    );
 }
 
 // ---------------------------------------------------------------------------------

@@ -170,7 +170,10 @@ pub async fn read_live(client: kube::Client) -> anyhow::Result<Objects> {
         kind: "Device".into(),
         plural: "devices".into(),
     };
-    let devices = match Api::<DynamicObject>::all_with(client.clone(), &ar).list(&lp).await {
+    let devices = match Api::<DynamicObject>::all_with(client.clone(), &ar)
+        .list(&lp)
+        .await
+    {
         Ok(list) => list
             .items
             .into_iter()
@@ -225,9 +228,16 @@ pub async fn read_live(client: kube::Client) -> anyhow::Result<Objects> {
             &GroupVersionKind::gvk(group, version, "PodGroup"),
             "podgroups",
         );
-        if let Ok(list) = Api::<DynamicObject>::all_with(client.clone(), &ar).list(&lp).await {
+        if let Ok(list) = Api::<DynamicObject>::all_with(client.clone(), &ar)
+            .list(&lp)
+            .await
+        {
             groups_listed[i] = true;
-            pod_groups.extend(list.items.into_iter().filter_map(|g| serde_json::to_value(g).ok()));
+            pod_groups.extend(
+                list.items
+                    .into_iter()
+                    .filter_map(|g| serde_json::to_value(g).ok()),
+            );
         }
     }
     Ok(Objects {

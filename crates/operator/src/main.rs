@@ -282,6 +282,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                         "batches": plan.batches,
                         "evictions": plan.moves.len(),
                         "skipped": plan.skipped,
+                        "skippedPods": plan.skipped_pods,
+                        "unchecked": plan.unchecked,
                         "fencedNodes": plan.fenced_nodes,
                         "fencedDevices": plan.fenced_devices,
                         "pendingServed": plan.pending_served,

@@ -6,9 +6,7 @@
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
-use gpu_defrag_core::workload::{
-    ControllerKind, KAI_GROUP_API, Listed, VOLCANO_GROUP_API,
-};
+use gpu_defrag_core::workload::{ControllerKind, KAI_GROUP_API, Listed, VOLCANO_GROUP_API};
 use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Namespace;
@@ -45,7 +43,13 @@ fn reflect<K>(
     impl Stream<Item = ()> + Send + 'static,
 )
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
 {
     let (store, writer) = reflector::store::<PartialObjectMeta<K>>();
     let stream = watcher(
@@ -218,7 +222,13 @@ mod tests {
         trim(&mut ns, Some(gpu_defrag_api::DO_NOT_DISRUPT));
         assert_eq!(
             ns.annotations,
-            Some([("gpu-defrag.io/do-not-disrupt".to_string(), "true".to_string())].into())
+            Some(
+                [(
+                    "gpu-defrag.io/do-not-disrupt".to_string(),
+                    "true".to_string()
+                )]
+                .into()
+            )
         );
     }
 }

@@ -142,7 +142,11 @@ fn cluster_role_is_least_privilege() {
         grant("apps", "statefulsets", &["get", "list", "watch"]),
         grant("batch", "jobs", &["get", "list", "watch"]),
         grant("", "namespaces", &["get", "list", "watch"]),
-        grant("scheduling.volcano.sh", "podgroups", &["get", "list", "watch"]),
+        grant(
+            "scheduling.volcano.sh",
+            "podgroups",
+            &["get", "list", "watch"],
+        ),
         grant("scheduling.run.ai", "podgroups", &["get", "list", "watch"]),
     ]
     .into_iter()

@@ -1,0 +1,951 @@
+//! Safe plans by default, end to end: Kubernetes objects (JSON, deserialised into
+//! `k8s_openapi` types) → `ingest::build_cluster` → `plan::plan`.
+//!
+//! The scenario is the issue's "one risky pod per node, each next to a node with room":
+//! every risky pod sits alone on an 8-GPU node `src-<id>` (7 GPUs free, useless for the
+//! 8-GPU target shape), next to a receiver `recv-<id>` with room for it. Draining any
+//! `src-<id>` would free a whole node, so a harmless pod there IS planned (the control
+//! cases prove it); each risky pod must instead be reported with its exact skip code.
+use std::collections::BTreeSet;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use gpu_defrag_core::ingest::{Objects, build_cluster};
+use gpu_defrag_core::model::*;
+use gpu_defrag_core::plan::{History, Live, Plan, Skip, Workloads, plan};
+use gpu_defrag_core::policy::{Policy, TargetShape};
+use gpu_defrag_core::workload::{ControllerKind, ControllerObject, Listed};
+use serde_json::{Value, json};
+
+// ---- Clock -----------------------------------------------------------------------------
+
+/// The instant every cluster is built and planned at.
+fn now() -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339("2025-06-02T12:00:00Z")
+        .unwrap()
+        .with_timezone(&Utc)
+}
+
+/// `minutes` before [`now`], as a Kubernetes timestamp.
+fn ago(minutes: i64) -> String {
+    (now() - chrono::Duration::minutes(minutes)).to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+const HOUR: i64 = 60;
+const MONTH: i64 = 30 * 24 * 60;
+/// The hash of every ReplicaSet (`<deployment>-<hash>`, label `pod-template-hash`).
+const HASH: &str = "5f7c9d8b4";
+
+fn from_json<T: serde::de::DeserializeOwned>(v: Value) -> T {
+    let text = v.to_string();
+    serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+// ---- Object fixtures -------------------------------------------------------------------
+
+/// A plain `nvidia.com/gpu` node, Ready for a month.
+fn gpu_node(name: &str, gpus: u32) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "creationTimestamp": ago(MONTH),
+            "labels": {"kubernetes.io/hostname": name, "pool": "gpu"}},
+        "status": {
+            "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110",
+                "nvidia.com/gpu": gpus.to_string()},
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": ago(MONTH)}]
+        }
+    })
+}
+
+/// A pod (JSON) under construction: Running, Ready, started an hour ago, unbound.
+#[derive(Clone)]
+struct PodJson(Value);
+
+impl PodJson {
+    /// Requests `gpus` whole GPUs (none at all when 0), 4 CPUs and 16 GiB.
+    fn new(ns: &str, name: &str, gpus: u32) -> Self {
+        let limits = if gpus == 0 {
+            json!({})
+        } else {
+            json!({"nvidia.com/gpu": gpus.to_string()})
+        };
+        PodJson(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"namespace": ns, "name": name, "uid": format!("uid-{ns}-{name}"),
+                "creationTimestamp": ago(HOUR), "labels": {}, "annotations": {}},
+            "spec": {"containers": [{"name": "main", "image": "registry.example/app:1",
+                "resources": {"limits": limits, "requests": {"cpu": "4", "memory": "16Gi"}}}]},
+            "status": {"phase": "Running", "startTime": ago(HOUR),
+                "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+    }
+    fn key(&self) -> String {
+        format!(
+            "{}/{}",
+            self.0["metadata"]["namespace"].as_str().unwrap(),
+            self.0["metadata"]["name"].as_str().unwrap()
+        )
+    }
+    fn renamed(mut self, name: &str) -> Self {
+        self.0["metadata"]["name"] = json!(name);
+        self.0["metadata"]["uid"] = json!(format!("uid-{name}"));
+        self
+    }
+    fn on(mut self, node: &str) -> Self {
+        self.0["spec"]["nodeName"] = json!(node);
+        self
+    }
+    /// The controller owner reference.
+    fn owner(mut self, api_version: &str, kind: &str, name: &str) -> Self {
+        self.0["metadata"]["ownerReferences"] = json!([{"apiVersion": api_version,
+            "kind": kind, "name": name, "uid": format!("uid-{name}"), "controller": true}]);
+        self
+    }
+    fn label(mut self, k: &str, v: &str) -> Self {
+        self.0["metadata"]["labels"][k] = json!(v);
+        self
+    }
+    fn annotate(mut self, k: &str, v: &str) -> Self {
+        self.0["metadata"]["annotations"][k] = json!(v);
+        self
+    }
+    fn volume(mut self, v: Value) -> Self {
+        match self.0["spec"]["volumes"].as_array_mut() {
+            Some(list) => list.push(v),
+            None => self.0["spec"]["volumes"] = json!([v]),
+        }
+        self
+    }
+    fn spec(mut self, k: &str, v: Value) -> Self {
+        self.0["spec"][k] = v;
+        self
+    }
+    fn not_ready(mut self) -> Self {
+        self.0["status"]["conditions"] = json!([{"type": "Ready", "status": "False"}]);
+        self
+    }
+    fn started(mut self, minutes_ago: i64) -> Self {
+        self.0["status"]["startTime"] = json!(ago(minutes_ago));
+        self
+    }
+    fn created(mut self, minutes_ago: i64) -> Self {
+        self.0["metadata"]["creationTimestamp"] = json!(ago(minutes_ago));
+        self
+    }
+    /// Waiting for a node: no nodeName, phase Pending, not scheduled.
+    fn pending(mut self) -> Self {
+        if let Some(spec) = self.0["spec"].as_object_mut() {
+            spec.remove("nodeName");
+        }
+        self.0["status"] = json!({"phase": "Pending", "conditions": [{"type": "PodScheduled",
+            "status": "False", "reason": "Unschedulable"}]});
+        self
+    }
+}
+
+/// Objects under construction, with the skip code each risky pod must get.
+struct World {
+    objs: Objects,
+    expected: Vec<(String, &'static str)>,
+}
+
+impl World {
+    /// Every owner kind, namespace and Volcano PodGroup listed in full; KAI PodGroups not
+    /// readable (the operator may lack the CRD or the permission).
+    fn new() -> Self {
+        let mut w = World {
+            objs: Objects {
+                listed: Listed {
+                    replica_sets: true,
+                    stateful_sets: true,
+                    jobs: true,
+                    namespaces: true,
+                    volcano_pod_groups: true,
+                    kai_pod_groups: false,
+                },
+                ..Default::default()
+            },
+            expected: Vec::new(),
+        };
+        for ns in ["ml", "infra", "other", "kai-resource-reservation"] {
+            w.namespace(ns, false);
+        }
+        w
+    }
+
+    fn node(&mut self, v: Value) {
+        self.objs.nodes.push(from_json(v));
+    }
+
+    fn pod(&mut self, p: PodJson) -> String {
+        let key = p.key();
+        self.objs.pods.push(from_json(p.0));
+        key
+    }
+
+    fn controller(&mut self, kind: ControllerKind, meta: Value) {
+        let metadata = from_json(meta);
+        if !self
+            .objs
+            .controllers
+            .iter()
+            .any(|c| c.kind == kind && c.metadata == metadata)
+        {
+            self.objs
+                .controllers
+                .push(ControllerObject { kind, metadata });
+        }
+    }
+
+    /// A pod of Deployment `deployment` (through its ReplicaSet `<deployment>-<hash>`,
+    /// which is added to the owner objects), labelled `app=<deployment>`.
+    fn deployment_pod(&mut self, ns: &str, deployment: &str, name: &str, gpus: u32) -> PodJson {
+        let rs = format!("{deployment}-{HASH}");
+        self.controller(
+            ControllerKind::ReplicaSet,
+            json!({"namespace": ns, "name": rs, "uid": format!("uid-{rs}"),
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment",
+                    "name": deployment, "uid": format!("uid-{deployment}"), "controller": true}]}),
+        );
+        PodJson::new(ns, name, gpus)
+            .owner("apps/v1", "ReplicaSet", &rs)
+            .label("app", deployment)
+            .label("pod-template-hash", HASH)
+    }
+
+    /// A StatefulSet, with its own controller owner when it has one.
+    fn stateful_set(&mut self, ns: &str, name: &str, owner: Option<(&str, &str, &str)>) {
+        let mut meta = json!({"namespace": ns, "name": name, "uid": format!("uid-{name}")});
+        if let Some((api, kind, up)) = owner {
+            meta["ownerReferences"] = json!([{"apiVersion": api, "kind": kind, "name": up,
+                "uid": format!("uid-{up}"), "controller": true}]);
+        }
+        self.controller(ControllerKind::StatefulSet, meta);
+    }
+
+    fn job(&mut self, ns: &str, name: &str) {
+        self.controller(
+            ControllerKind::Job,
+            json!({"namespace": ns, "name": name, "uid": format!("uid-{name}")}),
+        );
+    }
+
+    fn namespace(&mut self, name: &str, opted_out: bool) {
+        let mut meta = json!({"name": name});
+        if opted_out {
+            meta["annotations"] = json!({"gpu-defrag.io/do-not-disrupt": "true"});
+        }
+        self.objs.namespaces.push(from_json(meta));
+    }
+
+    /// A PDB selecting `app=<app>`.
+    fn pdb(&mut self, ns: &str, app: &str, allowed: i32, generation: i64, observed: i64) {
+        self.objs.pdbs.push(from_json(json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"namespace": ns, "name": app, "generation": generation},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": app}}},
+            "status": {"disruptionsAllowed": allowed, "observedGeneration": observed,
+                "currentHealthy": 1, "desiredHealthy": 0, "expectedPods": 1}
+        })));
+    }
+
+    /// `src-<id>` (8 GPUs) holding `pod`, and `recv-<id>` (8 GPUs, 4 held by an unowned
+    /// filler pod): the receiver has room for the pod. Returns the pod's key.
+    fn pair(&mut self, id: &str, pod: PodJson) -> String {
+        let (src, recv) = (format!("src-{id}"), format!("recv-{id}"));
+        self.node(gpu_node(&src, 8));
+        self.node(gpu_node(&recv, 8));
+        self.pod(
+            PodJson::new("infra", &format!("filler-{id}"), 4)
+                .label("app", "filler")
+                .on(&recv),
+        );
+        self.pod(pod.on(&src))
+    }
+
+    /// [`World::pair`], plus a second Ready replica (the same pod renamed `<name>-b`) on
+    /// the receiver, so that the workload rules alone would let the first one move.
+    fn pair_with_twin(&mut self, id: &str, pod: PodJson) -> String {
+        let name = pod.0["metadata"]["name"].as_str().unwrap().to_string();
+        let twin = pod.clone().renamed(&format!("{name}-b"));
+        let key = self.pair(id, pod);
+        self.pod(twin.on(&format!("recv-{id}")));
+        key
+    }
+
+    /// A risky case: `pod` on `src-<id>`, expected to be skipped with `code`.
+    fn risky(&mut self, id: &str, code: &'static str, pod: PodJson, twin: bool) {
+        let key = if twin {
+            self.pair_with_twin(id, pod)
+        } else {
+            self.pair(id, pod)
+        };
+        self.expected.push((key, code));
+    }
+
+    fn build(&self) -> Cluster {
+        build_cluster(&self.objs, Some(now()))
+    }
+}
+
+// ---- Policies and plan helpers ------------------------------------------------------------
+
+fn shape(gpus: u32) -> TargetShape {
+    TargetShape {
+        gpus,
+        milli_per_gpu: 1000,
+        cpu: None,
+        memory: None,
+        models: vec![],
+        weight: 1.0,
+    }
+}
+
+/// The default policy with an explicit 8-GPU target shape: an 8-GPU node with 7 GPUs
+/// free is fragmentation, an empty one is not.
+fn eight_gpu_policy() -> Policy {
+    Policy {
+        shapes: vec![shape(8)],
+        ..Policy::default()
+    }
+}
+
+fn run(c: &Cluster, policy: &Policy) -> Plan {
+    plan(c, policy, Some(now()), &History::default())
+}
+
+fn moved(p: &Plan, key: &str) -> bool {
+    p.moves.iter().any(|m| m.pod == key)
+}
+
+fn code_of(p: &Plan, key: &str) -> Option<&'static str> {
+    p.skipped_pods.iter().find(|s| s.pod == key).map(|s| s.code)
+}
+
+/// `key` is skipped with exactly `code`, counted under it, and not moved.
+fn assert_skipped(p: &Plan, key: &str, code: &str) {
+    assert_eq!(
+        code_of(p, key),
+        Some(code),
+        "{key}: skipped pods {:#?}",
+        p.skipped_pods
+    );
+    assert!(
+        p.skipped.get(code).copied().unwrap_or(0) >= 1,
+        "{key}: {code} not counted in {:?}",
+        p.skipped
+    );
+    assert!(!moved(p, key), "{key} is moved: {:#?}", p.moves);
+}
+
+/// `key` is moved off `src-<id>` and not reported as skipped.
+fn assert_moved(p: &Plan, key: &str) {
+    let Some(m) = p.moves.iter().find(|m| m.pod == key) else {
+        panic!(
+            "{key} not moved; moves {:#?}, skipped {:#?}",
+            p.moves, p.skipped_pods
+        );
+    };
+    assert!(m.from_node.starts_with("src-"), "{m:?}");
+    assert_eq!(code_of(p, key), None, "{key}");
+}
+
+fn pod<'a>(c: &'a Cluster, key: &str) -> &'a Pod {
+    c.pods
+        .iter()
+        .find(|p| p.key() == key)
+        .unwrap_or_else(|| panic!("{key} not in the cluster"))
+}
+
+// ---- The scenario ------------------------------------------------------------------------
+
+/// Keys of the two control pods of [`risky_world`].
+const SHM: &str = "ml/shm-a";
+const SOLO: &str = "ml/solo-a";
+/// The local-storage and Job pods of [`risky_world`] (their rules are policy switches).
+const SCRATCH: &str = "ml/scratch-a";
+const BATCH: &str = "ml/nightly-1-x7k2p";
+
+/// One risky pod per node, each next to a node with room, plus two harmless controls.
+fn risky_world() -> World {
+    let mut w = World::new();
+
+    // -- Training operators and other custom controllers: custom-controller.
+    for (id, api, kind) in [
+        ("pytorch", "kubeflow.org/v1", "PyTorchJob"),
+        ("mpi", "kubeflow.org/v2beta1", "MPIJob"),
+        ("tf", "kubeflow.org/v1", "TFJob"),
+        ("xgb", "kubeflow.org/v1", "XGBoostJob"),
+    ] {
+        let p = PodJson::new("ml", &format!("{id}-worker-0"), 1)
+            .owner(api, kind, id)
+            .label("training.kubeflow.org/job-name", id)
+            .label("training.kubeflow.org/replica-type", "worker");
+        w.risky(id, "custom-controller", p, false);
+    }
+    // LeaderWorkerSet: the workers' StatefulSet is owned by the leader Pod; the leader's
+    // StatefulSet by the LeaderWorkerSet.
+    w.stateful_set("ml", "lws-0", Some(("v1", "Pod", "lws-0")));
+    w.stateful_set(
+        "ml",
+        "lws",
+        Some(("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "lws")),
+    );
+    let worker = PodJson::new("ml", "lws-0-1", 1)
+        .owner("apps/v1", "StatefulSet", "lws-0")
+        .label("leaderworkerset.sigs.k8s.io/name", "lws");
+    w.risky("lws-worker", "custom-controller", worker, false);
+    let leader = PodJson::new("ml", "lws-0", 1)
+        .owner("apps/v1", "StatefulSet", "lws")
+        .label("leaderworkerset.sigs.k8s.io/name", "lws");
+    w.risky("lws-leader", "custom-controller", leader, false);
+    let ray = PodJson::new("ml", "rc-worker-gpu-abcde", 1)
+        .owner("ray.io/v1", "RayCluster", "rc")
+        .label("ray.io/cluster", "rc");
+    w.risky("ray", "custom-controller", ray, false);
+    let step = PodJson::new("ml", "wf-step-123", 1).owner("argoproj.io/v1alpha1", "Workflow", "wf");
+    w.risky("argo", "custom-controller", step, false);
+    // Spark: the driver has no owner; the executors are owned by the driver Pod.
+    let driver = PodJson::new("ml", "spark-driver", 1).label("spark-role", "driver");
+    w.risky("spark-driver", "no-controller", driver, false);
+    let exec = PodJson::new("ml", "spark-exec-1", 1)
+        .owner("v1", "Pod", "spark-driver")
+        .label("spark-role", "executor");
+    w.risky("spark-exec", "custom-controller", exec, false);
+    let widget = PodJson::new("ml", "widget-0", 1).owner("example.com/v1", "Widget", "widget");
+    w.risky("crd", "custom-controller", widget, false);
+
+    // -- Gangs: plain Deployment pods that a gang scheduler groups.
+    w.objs.pod_groups.push(json!({
+        "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+        "metadata": {"namespace": "ml", "name": "pg-four"}, "spec": {"minMember": 4}
+    }));
+    let p = w
+        .deployment_pod("ml", "vc", "vc-a", 1)
+        .annotate("scheduling.k8s.io/group-name", "pg-four");
+    w.risky("volcano", "gang", p, true);
+    let p = w
+        .deployment_pod("ml", "vc-lost", "vc-lost-a", 1)
+        .annotate("scheduling.k8s.io/group-name", "pg-missing");
+    w.risky("volcano-missing", "gang-unknown", p, true);
+    let p = w
+        .deployment_pod("ml", "cosched", "cosched-a", 1)
+        .label("scheduling.x-k8s.io/pod-group", "cg");
+    w.risky("cosched", "gang", p, true);
+    let p = w
+        .deployment_pod("ml", "kai", "kai-a", 1)
+        .annotate("pod-group-name", "kg");
+    w.risky("kai-group", "gang-unknown", p, true);
+
+    // -- Storage and claims.
+    w.stateful_set("ml", "db", None);
+    let p = PodJson::new("ml", "db-0", 1)
+        .owner("apps/v1", "StatefulSet", "db")
+        .label("app", "db")
+        .volume(json!({"name": "data", "persistentVolumeClaim": {"claimName": "data-db-0"}}));
+    w.risky("pvc", "pvc", p, true);
+    let p = w.deployment_pod("ml", "eph", "eph-a", 1).volume(json!({
+        "name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {
+            "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Gi"}}}}}
+    }));
+    w.risky("ephemeral", "ephemeral-volume", p, true);
+    let p = w.deployment_pod("ml", "dra", "dra-a", 1).spec(
+        "resourceClaims",
+        json!([{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]),
+    );
+    w.risky("claim", "resource-claim", p, true);
+    let p = w
+        .deployment_pod("ml", "scratch", "scratch-a", 1)
+        .volume(json!({"name": "tmp", "emptyDir": {}}));
+    w.risky("scratch", "local-storage", p, true);
+
+    // -- Opt-outs written by the pods' owners.
+    let p = w
+        .deployment_pod("ml", "ca", "ca-a", 1)
+        .annotate("cluster-autoscaler.kubernetes.io/safe-to-evict", "false");
+    w.risky("ca-opt-out", "opted-out", p, true);
+    let p = w
+        .deployment_pod("ml", "koord", "koord-a", 1)
+        .annotate("scheduling.koordinator.sh/eviction-cost", "2147483647");
+    w.risky("koord-opt-out", "opted-out", p, true);
+    w.namespace("locked", true);
+    let p = w.deployment_pod("locked", "guarded", "guarded-a", 1);
+    w.risky("ns-opt-out", "namespace-opted-out", p, true);
+
+    // -- Workload state.
+    // Not Ready, while its other replica (on the receiver) is.
+    let sick = w.deployment_pod("ml", "sick", "sick-a", 1);
+    let key = w.pair("not-ready", sick.clone().not_ready());
+    w.pod(sick.renamed("sick-a-b").on("recv-not-ready"));
+    w.expected.push((key, "not-ready"));
+    let p = w.deployment_pod("ml", "single", "single-a", 1);
+    w.risky("single", "last-ready-replica", p, false);
+    let p = w.deployment_pod("ml", "stale", "stale-a", 1);
+    w.pdb("ml", "stale", 1, 2, 1);
+    w.risky("pdb-stale", "pdb-stale", p, false);
+    let p = w.deployment_pod("ml", "half", "half-a", 1);
+    w.risky("half-up", "workload-unavailable", p, false);
+    let waiting = w.deployment_pod("ml", "half", "half-b", 1).pending();
+    w.pod(waiting);
+
+    // -- Owner chains.
+    let p = PodJson::new("ml", "ghost-7f9c-q2w3e", 1)
+        .owner("apps/v1", "ReplicaSet", "ghost-7f9c")
+        .label("app", "ghost");
+    w.risky("orphan", "owner-unknown", p, true);
+    w.job("ml", "nightly-1");
+    let p = PodJson::new("ml", "nightly-1-x7k2p", 1).owner("batch/v1", "Job", "nightly-1");
+    w.risky("job", "job-pod", p, false);
+
+    // -- Controls: harmless pods, planned.
+    let shm = w
+        .deployment_pod("ml", "shm", "shm-a", 1)
+        .volume(json!({"name": "dshm", "emptyDir": {"medium": "Memory"}}));
+    assert_eq!(w.pair_with_twin("shm", shm), SHM);
+    let solo = w.deployment_pod("ml", "solo", "solo-a", 1);
+    w.pdb("ml", "solo", 1, 3, 3);
+    assert_eq!(w.pair("solo", solo), SOLO);
+    w
+}
+
+// ---- 1. Default policy: no risky pod is planned, each with its code ----------------------
+
+#[test]
+fn risky_pods_are_never_planned_by_default() {
+    let w = risky_world();
+    let c = w.build();
+    assert!(
+        c.nodes
+            .iter()
+            .all(|n| n.inconsistent.is_none() && n.unknown_pods == 0),
+        "every record is readable"
+    );
+    assert!(
+        c.unchecked.is_empty(),
+        "everything listed: {:?}",
+        c.unchecked
+    );
+    let p = run(&c, &eight_gpu_policy());
+    for (key, code) in &w.expected {
+        assert_skipped(&p, key, code);
+    }
+    // Every skip code the scenario is about shows up.
+    let codes: BTreeSet<&str> = w.expected.iter().map(|(_, c)| *c).collect();
+    assert_eq!(codes.len(), 16, "{codes:?}");
+    // Only the controls move, and each empties its source node.
+    let keys: BTreeSet<&str> = p.moves.iter().map(|m| m.pod.as_str()).collect();
+    assert_eq!(keys, BTreeSet::from([SHM, SOLO]), "{:#?}", p.moves);
+    for m in &p.moves {
+        assert!(m.to_node.starts_with("recv-"), "{m:?}");
+    }
+}
+
+// ---- 2. Controls: harmless pods are planned ----------------------------------------------
+
+#[test]
+fn harmless_pods_next_to_room_are_planned() {
+    let c = risky_world().build();
+    let p = run(&c, &eight_gpu_policy());
+    // A memory-backed emptyDir (/dev/shm) is not local storage; another replica is Ready.
+    assert!(!pod(&c, SHM).local_storage);
+    assert_moved(&p, SHM);
+    // The only replica, covered by a PDB (status current) that allows one disruption.
+    assert_moved(&p, SOLO);
+    assert!(p.fenced_nodes.contains(&"src-shm".to_string()));
+    assert!(p.fenced_nodes.contains(&"src-solo".to_string()));
+}
+
+// ---- 3. Switches for local storage and Job pods leave the other rules alone --------------
+
+#[test]
+fn local_storage_and_job_switches_move_nothing_else() {
+    let w = risky_world();
+    let c = w.build();
+    let policy = Policy {
+        evict_local_storage: true,
+        evict_job_pods: true,
+        ..eight_gpu_policy()
+    };
+    let p = run(&c, &policy);
+    // Gangs, training jobs, custom controllers, PVCs, claims and opt-outs: as before.
+    for (key, code) in &w.expected {
+        if *code != "local-storage" && *code != "job-pod" {
+            assert_skipped(&p, key, code);
+        }
+    }
+    // The switches took effect: the disk emptyDir pod (another replica Ready) moves; the
+    // Job's only pod now meets the workload rule instead.
+    assert_moved(&p, SCRATCH);
+    assert_skipped(&p, BATCH, "last-ready-replica");
+}
+
+// ---- 4. safety.movableOwnerKinds opens a controller, never a gang --------------------------
+
+#[test]
+fn movable_owner_kinds_open_a_controller_but_never_a_gang() {
+    let mut w = World::new();
+    let srv = PodJson::new("ml", "srv-0", 1)
+        .owner("example.com/v1", "InferenceServer", "srv")
+        .label("app", "srv");
+    let srv = w.pair_with_twin("srv", srv);
+    let pt = PodJson::new("ml", "pt-worker-0", 1)
+        .owner("kubeflow.org/v1", "PyTorchJob", "pt")
+        .label("training.kubeflow.org/job-name", "pt");
+    let pt = w.pair_with_twin("pt", pt);
+    let c = w.build();
+
+    let p = run(&c, &eight_gpu_policy());
+    assert_skipped(&p, &srv, "custom-controller");
+    assert_skipped(&p, &pt, "custom-controller");
+
+    let policy = Policy {
+        movable_owner_kinds: vec![
+            "example.com/InferenceServer".into(),
+            "kubeflow.org/PyTorchJob".into(),
+        ],
+        ..eight_gpu_policy()
+    };
+    let p = run(&c, &policy);
+    assert_moved(&p, &srv);
+    assert_skipped(&p, &pt, "gang");
+}
+
+// ---- 5. Without owner objects: judged by the pod, said so ----------------------------------
+
+#[test]
+fn without_owner_objects_pods_are_judged_by_themselves() {
+    let mut w = World::new();
+    let web = w.deployment_pod("ml", "web", "web-5f7c9d8b4-aaaaa", 1);
+    let web = w.pair_with_twin("web", web);
+    let twin = "ml/web-5f7c9d8b4-aaaaa-b";
+    // A ReplicaSet without the pod-template-hash label stays a ReplicaSet.
+    let bare = PodJson::new("ml", "api-x1-zzzzz", 1)
+        .owner("apps/v1", "ReplicaSet", "api-x1")
+        .label("app", "api");
+    let bare = w.pair("bare", bare);
+    w.objs.controllers.clear();
+    w.objs.namespaces.clear();
+    w.objs.listed = Listed::default();
+    let c = w.build();
+
+    let deployment = Workload {
+        kind: "apps/Deployment".into(),
+        name: "web".into(),
+        chain: Chain::NotChecked,
+    };
+    assert_eq!(pod(&c, &web).workload.as_ref(), Some(&deployment));
+    assert_eq!(pod(&c, twin).workload.as_ref(), Some(&deployment));
+    let live = Workloads::of(&c);
+    assert_eq!(
+        live.live(pod(&c, &web)),
+        Live {
+            ready: 2,
+            unavailable: 0
+        }
+    );
+    assert_eq!(
+        pod(&c, &bare).workload,
+        Some(Workload {
+            kind: "apps/ReplicaSet".into(),
+            name: "api-x1".into(),
+            chain: Chain::NotChecked,
+        })
+    );
+
+    let p = run(&c, &eight_gpu_policy());
+    assert!(!p.unchecked.is_empty());
+    assert!(
+        p.unchecked.iter().any(|u| u.contains("replicasets")),
+        "{:?}",
+        p.unchecked
+    );
+    assert_moved(&p, &web);
+    assert_skipped(&p, &bare, "last-ready-replica");
+}
+
+// ---- 6. Pending pods: only the policy's namespaces, never above their priority ------------
+
+/// `src-web` holds one replica of `web` (priority `prio`), `recv-web` the other and room.
+/// With a 1-GPU target shape, draining `src-web` lowers no metric: only serving a pending
+/// 8-GPU pod could justify it.
+fn pending_world(prio: i32, pending: Option<(&str, i32)>) -> Cluster {
+    let mut w = World::new();
+    let web = w
+        .deployment_pod("ml", "web", "web-a", 1)
+        .spec("priority", json!(prio));
+    w.pair_with_twin("web", web);
+    if let Some((ns, p)) = pending {
+        w.pod(
+            PodJson::new(ns, "big", 8)
+                .spec("priority", json!(p))
+                .pending(),
+        );
+    }
+    w.build()
+}
+
+fn pending_policy() -> Policy {
+    let mut p = Policy {
+        shapes: vec![shape(1)],
+        from_pending: true,
+        ..Policy::default()
+    };
+    p.scope.include = vec!["ml".into()];
+    p
+}
+
+#[test]
+fn pending_pods_outside_the_scope_steer_nothing() {
+    let policy = pending_policy();
+    let baseline = run(&pending_world(0, None), &policy);
+    assert!(baseline.moves.is_empty(), "{:#?}", baseline.moves);
+    // Control: the same pending pod in a covered namespace does cause the drain.
+    let served = run(&pending_world(0, Some(("ml", 0))), &policy);
+    assert!(moved(&served, "ml/web-a"), "{:#?}", served);
+    assert_eq!(served.pending_served, vec!["ml/big".to_string()]);
+    // Outside `scope.include`: exactly the baseline.
+    let other = run(&pending_world(0, Some(("other", 0))), &policy);
+    assert_eq!(other.moves, baseline.moves);
+    assert!(other.pending_served.is_empty());
+}
+
+#[test]
+fn pending_pods_never_evict_higher_priority_pods() {
+    let policy = pending_policy();
+    let low = run(&pending_world(100, Some(("ml", 0))), &policy);
+    assert!(low.moves.is_empty(), "{:#?}", low.moves);
+    assert!(low.pending_served.is_empty());
+    let high = run(&pending_world(100, Some(("ml", 1000))), &policy);
+    assert!(moved(&high, "ml/web-a"), "{:#?}", high);
+    assert_eq!(high.pending_served, vec!["ml/big".to_string()]);
+}
+
+// ---- 7. Records a tenant can forge are confirmed by the scheduler's side ------------------
+
+fn kai_world(reservation: Option<(&str, &str, &str)>) -> Cluster {
+    let mut w = World::new();
+    w.node(gpu_node("kai-node", 8));
+    w.node(gpu_node("kai-other", 8));
+    let frac = w
+        .deployment_pod("ml", "frac", "frac-a", 0)
+        .annotate("gpu-fraction", "0.5")
+        .label("runai-gpu-group", "g1")
+        .on("kai-node");
+    w.pod(frac);
+    if let Some((ns, group, node)) = reservation {
+        let r = PodJson::new(ns, &format!("runai-reservation-{group}"), 1)
+            .label("runai-gpu-group", group)
+            .label("app", "runai-reservation")
+            .on(node);
+        w.pod(r);
+    }
+    w.build()
+}
+
+#[test]
+fn a_kai_fraction_counts_only_with_its_reservation_pod() {
+    // No reservation pod at all, one of another group, one in a tenant namespace, one on
+    // another node: the tenant's own annotation and label confirm nothing.
+    for reservation in [
+        None,
+        Some(("kai-resource-reservation", "g2", "kai-node")),
+        Some(("ml", "g1", "kai-node")),
+        Some(("kai-resource-reservation", "g1", "kai-other")),
+    ] {
+        let c = kai_world(reservation);
+        let frac = pod(&c, "ml/frac-a");
+        match &frac.gpu {
+            GpuUse::Unknown(r) => assert_eq!(r.code(), "record-unconfirmed", "{reservation:?}"),
+            other => panic!("{reservation:?}: {other:?}"),
+        }
+        let node = &c.nodes[c.node_index("kai-node").unwrap()];
+        assert!(node.unknown_pods >= 1, "{reservation:?}");
+        let p = run(&c, &eight_gpu_policy());
+        assert_skipped(&p, "ml/frac-a", "unknown-allocation");
+    }
+    // With KAI's reservation pod of g1 on the node, the half GPU is counted.
+    let c = kai_world(Some(("kai-resource-reservation", "g1", "kai-node")));
+    assert_eq!(pod(&c, "ml/frac-a").gpu, GpuUse::Devices(vec![(0, 500)]));
+    let node = &c.nodes[c.node_index("kai-node").unwrap()];
+    assert_eq!(node.gpus[0].used, 500);
+    assert_eq!(node.unknown_pods, 0);
+}
+
+/// An 8-GPU Koordinator node (no Device object: the GPUs are counted from
+/// `koordinator.sh/gpu-core`).
+fn koord_node(name: &str) -> Value {
+    let mut n = gpu_node(name, 0);
+    n["status"]["allocatable"] = json!({"cpu": "64", "memory": "512Gi", "pods": "110",
+        "koordinator.sh/gpu-core": "800", "koordinator.sh/gpu-memory-ratio": "800"});
+    n
+}
+
+#[test]
+fn a_koordinator_record_without_a_gpu_request_is_unknown() {
+    const RECORD: &str = r#"{"gpu":[{"minor":0,"resources":{"koordinator.sh/gpu-core":100}}]}"#;
+    let mut w = World::new();
+    w.node(koord_node("koord-node"));
+    let forged = w
+        .deployment_pod("ml", "forged", "forged-a", 0)
+        .annotate("scheduling.koordinator.sh/device-allocated", RECORD)
+        .on("koord-node");
+    w.pod(forged);
+    let c = w.build();
+    let node = &c.nodes[c.node_index("koord-node").unwrap()];
+    assert_eq!((node.scheme, node.gpus.len()), (Scheme::Koordinator, 8));
+    match &pod(&c, "ml/forged-a").gpu {
+        GpuUse::Unknown(r) => assert_eq!(r.code(), "record-disagrees-with-request"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(node.unknown_pods, 1);
+
+    // Control: the same record on a pod that asks for the GPU core is read.
+    let mut w = World::new();
+    w.node(koord_node("koord-node"));
+    let mut honest = w
+        .deployment_pod("ml", "honest", "honest-a", 0)
+        .annotate("scheduling.koordinator.sh/device-allocated", RECORD)
+        .on("koord-node");
+    honest.0["spec"]["containers"][0]["resources"]["limits"] =
+        json!({"koordinator.sh/gpu-core": "100"});
+    w.pod(honest);
+    let c = w.build();
+    assert_eq!(pod(&c, "ml/honest-a").gpu, GpuUse::Devices(vec![(0, 1000)]));
+}
+
+// ---- 8. Node warm-up: young or starting nodes receive nothing ----------------------------
+
+/// `src-web` holds one replica of `web` (the other is on `recv-web`); `recv-web` is the
+/// only node with room. `young`: it became Ready a minute ago; `taint`: it carries the
+/// cloud provider's start-up taint (which the pods tolerate, so only the start-up rule
+/// can keep them off).
+fn warmup_world(young: bool, taint: bool) -> Cluster {
+    let mut w = World::new();
+    let tolerate = json!([{"key": "node.cloudprovider.kubernetes.io/uninitialized",
+        "operator": "Exists"}]);
+    let web = w
+        .deployment_pod("ml", "web", "web-a", 1)
+        .spec("tolerations", tolerate);
+    w.pair_with_twin("web", web);
+    let mut recv: k8s_openapi::api::core::v1::Node = {
+        let mut n = gpu_node("recv-web", 8);
+        if young {
+            n["status"]["conditions"][0]["lastTransitionTime"] = json!(ago(1));
+        }
+        if taint {
+            n["spec"] = json!({"taints": [{"key": "node.cloudprovider.kubernetes.io/uninitialized",
+                "value": "true", "effect": "NoSchedule"}]});
+        }
+        from_json(n)
+    };
+    let i = w
+        .objs
+        .nodes
+        .iter()
+        .position(|n| n.metadata.name.as_deref() == Some("recv-web"))
+        .unwrap();
+    std::mem::swap(&mut w.objs.nodes[i], &mut recv);
+    w.build()
+}
+
+#[test]
+fn young_and_starting_nodes_receive_no_planned_pod() {
+    let policy = eight_gpu_policy();
+    // Control: a node Ready for a month receives the pod.
+    let p = run(&warmup_world(false, false), &policy);
+    assert_moved(&p, "ml/web-a");
+    assert_eq!(p.moves[0].to_node, "recv-web");
+    // Ready 1 minute ago, minNodeAge 5m: nothing planned.
+    let p = run(&warmup_world(true, false), &policy);
+    assert!(p.moves.is_empty(), "{:#?}", p.moves);
+    // Start-up taint: nothing planned, whatever its age.
+    let p = run(&warmup_world(false, true), &policy);
+    assert!(p.moves.is_empty(), "{:#?}", p.moves);
+    // minNodeAge 0 and no taint: the young node receives it.
+    let zero = Policy {
+        min_node_age: std::time::Duration::ZERO,
+        ..eight_gpu_policy()
+    };
+    let p = run(&warmup_world(true, false), &zero);
+    assert_moved(&p, "ml/web-a");
+    assert_eq!(p.moves[0].to_node, "recv-web");
+    // minNodeAge 0 does not lift the start-up taint.
+    let p = run(&warmup_world(true, true), &zero);
+    assert!(p.moves.is_empty(), "{:#?}", p.moves);
+}
+
+// ---- 9. Pod age counts from status.startTime ----------------------------------------------
+
+#[test]
+fn pod_age_counts_from_start_time_not_creation() {
+    let age_world = |started: i64| {
+        let mut w = World::new();
+        let web = w
+            .deployment_pod("ml", "web", "web-a", 1)
+            .created(2 * HOUR)
+            .started(started);
+        w.pair_with_twin("web", web);
+        w.build()
+    };
+    let policy = eight_gpu_policy();
+    // Created 2 h ago, waited Pending, started 1 minute ago: too young (minPodAge 10m).
+    let p = run(&age_world(1), &policy);
+    assert_skipped(&p, "ml/web-a", "too-young");
+    // Control: started an hour ago.
+    let p = run(&age_world(HOUR), &policy);
+    assert_moved(&p, "ml/web-a");
+}
+
+// ---- 10. Skip codes --------------------------------------------------------------------------
+
+/// Fails to compile when a `Skip` is added, so that [`Skip::ALL`] is checked again.
+fn variant_count(s: Skip) -> usize {
+    match s {
+        Skip::OutOfScope
+        | Skip::UnknownAllocation
+        | Skip::NodeUndrainable
+        | Skip::Terminating
+        | Skip::NotRunning
+        | Skip::MirrorPod
+        | Skip::NoController
+        | Skip::DaemonSet
+        | Skip::JobPod
+        | Skip::LocalStorage
+        | Skip::Priority
+        | Skip::ProtectedClass
+        | Skip::OptOut
+        | Skip::TooYoung
+        | Skip::MultiplePdbs
+        | Skip::PdbExhausted
+        | Skip::KaiReservation
+        | Skip::AlreadyMoved
+        | Skip::NotReady
+        | Skip::CustomController
+        | Skip::OwnerUnknown
+        | Skip::Gang
+        | Skip::GangUnknown
+        | Skip::NamespaceOptOut
+        | Skip::Pvc
+        | Skip::EphemeralVolume
+        | Skip::ResourceClaim
+        | Skip::PdbStale
+        | Skip::WorkloadUnavailable
+        | Skip::LastReadyReplica => 30,
+    }
+}
+
+#[test]
+fn every_skip_has_a_distinct_code() {
+    assert_eq!(Skip::ALL.len(), variant_count(Skip::Gang));
+    let variants: BTreeSet<Skip> = Skip::ALL.iter().copied().collect();
+    assert_eq!(variants.len(), Skip::ALL.len(), "a skip listed twice");
+    let codes: BTreeSet<&str> = Skip::ALL.iter().map(|s| s.code()).collect();
+    assert_eq!(codes.len(), Skip::ALL.len(), "two skips share a code");
+    for s in Skip::ALL {
+        let c = s.code();
+        assert!(!c.is_empty(), "{s:?}");
+        assert!(
+            c.chars().all(|ch| ch.is_ascii_lowercase() || ch == '-'),
+            "{s:?}: {c}"
+        );
+    }
+}
