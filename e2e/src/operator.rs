@@ -711,10 +711,18 @@ pub async fn fragment(
     keep: &[usize],
 ) -> Result<Vec<String>> {
     let kept = fragment_without_pdbs(client, ns, pool, keep).await?;
+    allow_one_disruption(client, ns, &kept).await?;
+    Ok(kept)
+}
+
+/// Gives each Deployment `app` of `apps` a PodDisruptionBudget `maxUnavailable: 1` named
+/// after it (what the owner of a single-replica service that may be moved writes), and
+/// returns once the disruption controller has caught up with every one.
+pub async fn allow_one_disruption(client: &Client, ns: &str, apps: &[String]) -> Result<()> {
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
-    for app in &kept {
+    for app in apps {
         let pdb: PodDisruptionBudget = serde_json::from_value(json!({
-            "metadata": {"name": app, "labels": {ROLE_LABEL: "infer"}},
+            "metadata": {"name": app},
             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": app}}},
         }))?;
         pdbs.create(&PostParams::default(), &pdb)
@@ -722,28 +730,24 @@ pub async fn fragment(
             .with_context(|| format!("creating PDB {app}"))?;
     }
     wait_for(
-        "the fillers' PDBs to allow one disruption each",
+        "the PDBs to allow one disruption each",
         Duration::from_secs(120),
         || async {
-            let list = pdbs
-                .list(&ListParams::default().labels(&format!("{ROLE_LABEL}=infer")))
-                .await?;
-            let ready = list
-                .items
-                .iter()
-                .filter(|p| {
-                    p.status.as_ref().is_some_and(|s| {
-                        s.disruptions_allowed == Some(1)
-                            && s.observed_generation.is_some()
-                            && s.observed_generation == p.metadata.generation
-                    })
-                })
-                .count();
-            Ok((ready == kept.len()).then_some(()))
+            let mut ready = 0;
+            for app in apps {
+                let p = pdbs.get(app).await?;
+                if p.status.as_ref().is_some_and(|s| {
+                    s.disruptions_allowed == Some(1)
+                        && s.observed_generation.is_some()
+                        && s.observed_generation == p.metadata.generation
+                }) {
+                    ready += 1;
+                }
+            }
+            Ok((ready == apps.len()).then_some(()))
         },
     )
-    .await?;
-    Ok(kept)
+    .await
 }
 
 /// [`fragment`] without the PodDisruptionBudgets (for tests that set their own).

@@ -22,9 +22,9 @@ use gpu_defrag_e2e::{
     cluster::repo_root,
     fixtures::{FAKE_IMAGE, min_available_pdb, pods, wait_for, wait_ready_pods},
     operator::{
-        Operator, POOL_LABEL, PodWatch, Pool, bind_lease_role, create_policy, fences, float_at,
-        fragment, int_at, open_window_every_minute, patch_policy, pod_node, policy_status, str_at,
-        strings_at, wait_deployments_ready, wait_status,
+        Operator, POOL_LABEL, PodWatch, Pool, allow_one_disruption, bind_lease_role, create_policy,
+        fences, float_at, fragment, int_at, open_window_every_minute, patch_policy, pod_node,
+        policy_status, str_at, strings_at, wait_deployments_ready, wait_status,
     },
 };
 use k8s_openapi::api::{
@@ -948,6 +948,14 @@ async fn koordinator_device_objects_are_watched() {
     wait_ready_pods(&c.client, c.name(), "koord=true", 3, T)
         .await
         .unwrap();
+    // Single replicas whose owners allow a disruption.
+    allow_one_disruption(
+        &c.client,
+        c.name(),
+        &["a0".into(), "a1".into(), "b0".into()],
+    )
+    .await
+    .unwrap();
     c.dry_run_policy(
         json!([{"gpus": 1}]),
         json!({"maxEvictionsPerRun": 10, "maxEvictionsPerNode": 4, "maxEvictionsPerNamespace": 10}),
@@ -1069,6 +1077,9 @@ async fn hami_single_gpu_drain_cordons_only_that_gpu() {
             .unwrap();
     }
     wait_ready_pods(&c.client, c.name(), "hami=true", 2, T)
+        .await
+        .unwrap();
+    allow_one_disruption(&c.client, c.name(), &["x".into(), "y".into()])
         .await
         .unwrap();
     c.dry_run_policy(

@@ -176,20 +176,20 @@ pub struct Live {
     pub unavailable: u32,
 }
 
-/// Live state of every workload, by (namespace, kind, name).
+/// Live state of every workload of one cluster, by (namespace, kind, name).
 #[derive(Debug, Clone, Default)]
-pub struct Workloads {
-    live: HashMap<(String, String, String), Live>,
+pub struct Workloads<'a> {
+    live: HashMap<(&'a str, &'a str, &'a str), Live>,
 }
 
-impl Workloads {
+impl<'a> Workloads<'a> {
     /// Counts the live state of every workload of `cluster`.
-    pub fn of(cluster: &Cluster) -> Self {
-        let mut live: HashMap<(String, String, String), Live> = HashMap::new();
+    pub fn of(cluster: &'a Cluster) -> Self {
+        let mut live: HashMap<(&str, &str, &str), Live> = HashMap::new();
         for p in cluster.pods.iter().filter(|p| !p.phase.is_terminal()) {
             let Some(w) = &p.workload else { continue };
             let e = live
-                .entry((p.namespace.clone(), w.kind.clone(), w.name.clone()))
+                .entry((p.namespace.as_str(), w.kind.as_str(), w.name.as_str()))
                 .or_default();
             if p.phase == Phase::Running && p.ready && !p.deleting {
                 e.ready += 1;
@@ -206,7 +206,7 @@ impl Workloads {
             .as_ref()
             .and_then(|w| {
                 self.live
-                    .get(&(pod.namespace.clone(), w.kind.clone(), w.name.clone()))
+                    .get(&(pod.namespace.as_str(), w.kind.as_str(), w.name.as_str()))
                     .copied()
             })
             .unwrap_or_default()
