@@ -251,8 +251,24 @@ impl<'a> Index<'a> {
             chain: Chain::Checked,
         };
         if !self.listed.controllers(kind) {
-            // Judged by the pod: a ReplicaSet named `<deployment>-<pod-template-hash>`
-            // belongs to that Deployment.
+            // Judged by the pod. An Argo Rollout's ReplicaSet labels its pods
+            // `rollouts-pod-template-hash`: a custom controller above the ReplicaSet.
+            if kind == ControllerKind::ReplicaSet
+                && let Some(h) = labels.get("rollouts-pod-template-hash")
+            {
+                let name = owner
+                    .name
+                    .strip_suffix(h.as_str())
+                    .and_then(|p| p.strip_suffix('-'))
+                    .unwrap_or(&owner.name);
+                return Some(Workload {
+                    kind: "argoproj.io/Rollout".into(),
+                    name: name.to_string(),
+                    chain: Chain::NotChecked,
+                });
+            }
+            // A ReplicaSet named `<deployment>-<pod-template-hash>` belongs to that
+            // Deployment.
             let deployment = (kind == ControllerKind::ReplicaSet)
                 .then(|| labels.get("pod-template-hash"))
                 .flatten()
@@ -478,6 +494,20 @@ mod tests {
         assert_eq!(
             (w.kind.as_str(), w.chain),
             ("apps/ReplicaSet", Chain::NotChecked)
+        );
+        // An Argo Rollout's pods say so by their label.
+        let rollout =
+            BTreeMap::from([("rollouts-pod-template-hash".to_string(), "7f9c".to_string())]);
+        let w = idx
+            .workload(
+                "ml",
+                Some(&owner("apps", "ReplicaSet", "canary-7f9c")),
+                &rollout,
+            )
+            .unwrap();
+        assert_eq!(
+            (w.kind.as_str(), w.name.as_str(), w.chain),
+            ("argoproj.io/Rollout", "canary", Chain::NotChecked)
         );
     }
 

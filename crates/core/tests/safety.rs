@@ -873,6 +873,36 @@ fn young_and_starting_nodes_receive_no_planned_pod() {
     assert!(p.moves.is_empty(), "{:#?}", p.moves);
 }
 
+/// A node whose records cannot all be read has no known free capacity: it receives no
+/// planned pod (here a tenant's unconfirmed KAI fraction sits on the only node with room;
+/// `sched::fits` refuses such a node).
+#[test]
+fn a_node_with_an_unknown_pod_receives_no_planned_pod() {
+    let world = |forged: bool| {
+        let mut w = World::new();
+        let web = w.deployment_pod("ml", "web", "web-a", 1);
+        w.pair_with_twin("web", web);
+        if forged {
+            let f = w
+                .deployment_pod("ml", "frac", "frac-a", 0)
+                .annotate("gpu-fraction", "0.5")
+                .label("runai-gpu-group", "g9")
+                .on("recv-web");
+            w.pod(f);
+        }
+        w.build()
+    };
+    let policy = eight_gpu_policy();
+    let p = run(&world(false), &policy);
+    assert_moved(&p, "ml/web-a");
+    let p = run(&world(true), &policy);
+    assert!(
+        p.moves.iter().all(|m| m.to_node != "recv-web"),
+        "{:#?}",
+        p.moves
+    );
+}
+
 // ---- 9. Pod age counts from status.startTime ----------------------------------------------
 
 #[test]
