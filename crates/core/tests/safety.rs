@@ -903,6 +903,54 @@ fn a_node_with_an_unknown_pod_receives_no_planned_pod() {
     );
 }
 
+/// The soft opt-outs only rank: of two equal drains, the one whose pod carries
+/// `prefer-no-eviction`, a positive Koordinator `eviction-cost` or a positive
+/// `pod-deletion-cost` is left for last (here: out of a one-eviction run).
+#[test]
+fn soft_opt_outs_are_moved_last() {
+    let world = |on: Option<&str>, k: &str, v: &str| {
+        let mut w = World::new();
+        for id in ["a", "b"] {
+            let mut p = w.deployment_pod("ml", &format!("web{id}"), &format!("web{id}-x"), 1);
+            if on == Some(id) {
+                p = p.annotate(k, v);
+            }
+            w.pair_with_twin(id, p);
+        }
+        w.build()
+    };
+    let policy = Policy {
+        max_evictions_per_run: 1,
+        ..eight_gpu_policy()
+    };
+    let plain = run(&world(None, "", ""), &policy);
+    assert_eq!(plain.moves.len(), 1, "{:#?}", plain.moves);
+    let (first, other) = if plain.moves[0].pod == "ml/weba-x" {
+        ("a", "ml/webb-x")
+    } else {
+        ("b", "ml/weba-x")
+    };
+    for (k, v) in [
+        ("descheduler.alpha.kubernetes.io/prefer-no-eviction", ""),
+        ("scheduling.koordinator.sh/eviction-cost", "100"),
+        ("controller.kubernetes.io/pod-deletion-cost", "1000"),
+    ] {
+        let p = run(&world(Some(first), k, v), &policy);
+        assert_eq!(p.moves.len(), 1, "{k}: {:#?}", p.moves);
+        assert_eq!(p.moves[0].pod, other, "{k}");
+    }
+    // A negative cost is no opt-out: the order stays.
+    let p = run(
+        &world(
+            Some(first),
+            "controller.kubernetes.io/pod-deletion-cost",
+            "-5",
+        ),
+        &policy,
+    );
+    assert_eq!(p.moves[0].pod, plain.moves[0].pod);
+}
+
 // ---- 9. Pod age counts from status.startTime ----------------------------------------------
 
 #[test]
