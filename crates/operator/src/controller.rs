@@ -1127,7 +1127,9 @@ mod tests {
                          "creationTimestamp": "2026-01-01T00:00:00Z"},
             "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {
                 "limits": {"nvidia.com/gpu": "2"}, "requests": {"nvidia.com/gpu": "2"}}}]},
-            "status": {"phase": "Running"}
+            // Idle time counts from the pod's start.
+            "status": {"phase": "Running", "startTime": "2026-01-01T00:00:00Z",
+                       "conditions": [{"type": "Ready", "status": "True"}]}
         }))
         .unwrap();
         let objs = Objects {
