@@ -183,6 +183,19 @@ impl Case {
         .unwrap()
     }
 
+    /// The policy's status once its run has finished (no active run, a finished last run).
+    pub async fn finished_run(&self) -> Value {
+        wait_status(
+            &self.client,
+            self.name(),
+            "the run to finish",
+            RUN_TIMEOUT,
+            has_finished_run,
+        )
+        .await
+        .unwrap()
+    }
+
     pub async fn cleanup(&self, policies: &[&str]) {
         for p in policies {
             delete_policy(&self.client, p).await.unwrap();

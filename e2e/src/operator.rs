@@ -903,6 +903,9 @@ pub struct Seen {
     pub fenced_before: BTreeSet<String>,
     /// Samples taken.
     pub samples: usize,
+    /// The fewest Ready pods seen at once per `app` label (from the first sample that
+    /// listed the app on; a sample without any of its pods counts 0).
+    pub ready_low: BTreeMap<String, usize>,
 }
 
 impl Seen {
@@ -1021,6 +1024,16 @@ async fn sample(
         if p.gone_at.is_none() && !alive.contains(uid) {
             p.gone_at = Some(now);
         }
+    }
+    let mut ready: BTreeMap<String, usize> = BTreeMap::new();
+    for p in &listed {
+        *ready.entry(pod_app(p).to_string()).or_default() += usize::from(pod_ready(p));
+    }
+    for (app, low) in s.ready_low.iter_mut() {
+        *low = (*low).min(ready.get(app).copied().unwrap_or(0));
+    }
+    for (app, n) in ready {
+        s.ready_low.entry(app).or_insert(n);
     }
     s.fenced_before = fenced;
     Ok(())

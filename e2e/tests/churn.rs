@@ -28,11 +28,11 @@ use std::{
 };
 
 use gpu_defrag_e2e::{
-    case::{Case, RUN_TIMEOUT, T, has_finished_run},
+    case::{Case, T},
     fixtures::{pod_ready, pods, wait_for},
     operator::{
         Operator, PodWatch, ROLE_LABEL, fragment_without_pdbs, int_at, pod_app, str_at, strings_at,
-        wait_status, with_role,
+        with_role,
     },
 };
 use k8s_openapi::api::{apps::v1::Deployment, policy::v1::PodDisruptionBudget};
@@ -244,15 +244,7 @@ async fn churn_during_a_run_loses_no_pod_and_violates_no_pdb() {
         tokio::time::sleep(Duration::from_secs(5)).await;
         let enforced = t0.elapsed();
         c.enforce_now().await;
-        let st = wait_status(
-            &c.client,
-            c.name(),
-            "the run to finish",
-            RUN_TIMEOUT,
-            has_finished_run,
-        )
-        .await
-        .unwrap();
+        let st = c.finished_run().await;
         let finished = t0.elapsed();
         // Keep churning a little after the run.
         tokio::time::sleep(Duration::from_secs(2)).await;

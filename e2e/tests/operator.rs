@@ -164,15 +164,7 @@ async fn enforce_in_open_window_makes_room_for_the_pending_8_gpu_pod() {
     )
     .await
     .unwrap();
-    let st = wait_status(
-        &c.client,
-        c.name(),
-        "the run to finish",
-        RUN_TIMEOUT,
-        has_finished_run,
-    )
-    .await
-    .unwrap();
+    let st = c.finished_run().await;
     let run_end = Instant::now();
     let train_node = c.training_job_running(T).await;
     let to_running = t0.elapsed();
@@ -1138,15 +1130,7 @@ async fn hami_single_gpu_drain_cordons_only_that_gpu() {
     assert_eq!(str_at(m, "/toNode"), Some(node.as_str()));
 
     c.enforce_now().await;
-    let st = wait_status(
-        &c.client,
-        c.name(),
-        "the run to finish",
-        RUN_TIMEOUT,
-        has_finished_run,
-    )
-    .await
-    .unwrap();
+    let st = c.finished_run().await;
     let run = &st["lastRuns"][0];
     assert_eq!(
         (int_at(run, "/evicted"), int_at(run, "/bounced")),
@@ -1179,48 +1163,6 @@ async fn hami_single_gpu_drain_cordons_only_that_gpu() {
     );
     assert_eq!(lists.last(), Some(&Some(admin.clone())), "{seen:?}");
     c.cleanup(&[c.name()]).await;
-}
-
-/// The Ready pods of each `app` in the namespace, sampled every 200 ms until dropped: the
-/// lowest count seen per app.
-struct ReadyLow {
-    low: std::sync::Arc<std::sync::Mutex<BTreeMap<String, usize>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl ReadyLow {
-    fn start(client: &kube::Client, ns: &str, apps: &[String]) -> Self {
-        let low = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::new()));
-        let (client, ns, apps, low2) = (client.clone(), ns.to_string(), apps.to_vec(), low.clone());
-        let task = tokio::spawn(async move {
-            loop {
-                if let Ok(ps) = pods(&client, &ns, "").await {
-                    let mut l = low2.lock().unwrap();
-                    for app in &apps {
-                        let ready = ps
-                            .iter()
-                            .filter(|p| gpu_defrag_e2e::operator::pod_app(p) == app)
-                            .filter(|p| gpu_defrag_e2e::fixtures::pod_ready(p))
-                            .count();
-                        let e = l.entry(app.clone()).or_insert(ready);
-                        *e = (*e).min(ready);
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        });
-        ReadyLow { low, task }
-    }
-
-    fn low(&self) -> BTreeMap<String, usize> {
-        self.low.lock().unwrap().clone()
-    }
-}
-
-impl Drop for ReadyLow {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 /// Cordons every pool node but `node` (or uncordons all with `None`).
@@ -1298,20 +1240,11 @@ async fn replicas_packed_on_nodes_drain_one_at_a_time_with_default_limits() {
         "both moves are of one workload: {st:#}"
     );
 
-    let low = ReadyLow::start(&c.client, c.name(), &apps);
     let watch = PodWatch::start(&c.client, c.name(), &c.pool, c.name())
         .await
         .unwrap();
     c.enforce_now().await;
-    let st = wait_status(
-        &c.client,
-        c.name(),
-        "the run to finish",
-        RUN_TIMEOUT,
-        has_finished_run,
-    )
-    .await
-    .unwrap();
+    let st = c.finished_run().await;
     let run = st.pointer("/lastRuns/0").unwrap().clone();
     assert_eq!(str_at(&run, "/result"), Some("Succeeded"), "{run:#}");
     assert_eq!(int_at(&run, "/evicted"), Some(2), "{run:#}");
@@ -1325,10 +1258,12 @@ async fn replicas_packed_on_nodes_drain_one_at_a_time_with_default_limits() {
             .await
             .unwrap();
     }
-    for (app, n) in low.low() {
+    let seen = watch.seen();
+    for app in &apps {
+        let n = seen.ready_low[app];
         assert!(n >= 1, "{app} had {n} Ready replicas during the run");
     }
-    assert_eq!(watch.seen().violations, BTreeMap::new());
+    assert_eq!(seen.violations, BTreeMap::new());
     assert_eq!(c.fenced_nodes().await, Vec::<String>::new());
     c.cleanup(&[c.name()]).await;
 }
@@ -1394,15 +1329,7 @@ async fn gang_annotated_deployment_pod_is_never_moved() {
         .await
         .unwrap();
     c.enforce_now().await;
-    let st = wait_status(
-        &c.client,
-        c.name(),
-        "the run to finish",
-        RUN_TIMEOUT,
-        has_finished_run,
-    )
-    .await
-    .unwrap();
+    let st = c.finished_run().await;
     let run = st.pointer("/lastRuns/0").unwrap().clone();
     assert!(int_at(&run, "/evicted").unwrap_or(0) > 0, "{run:#}");
     for p in strings_at(&run, "/evictedPods") {

@@ -692,16 +692,13 @@ pub(crate) mod tests {
             deleting: false,
             mirror: false,
             local_storage: false,
-            pvc: false,
-            ephemeral_volume: false,
-            resource_claims: false,
             ready: true,
-            gang: None,
             workload: None,
             node_selector: Default::default(),
             affinity: vec![],
             tolerations: vec![],
             models: vec![],
+            ..Default::default()
         };
         for _ in 0..90 {
             cluster.pods.push(mk(1, 1000));
@@ -744,16 +741,13 @@ pub(crate) mod tests {
             deleting: false,
             mirror: false,
             local_storage: false,
-            pvc: false,
-            ephemeral_volume: false,
-            resource_claims: false,
             ready: true,
-            gang: None,
             workload: None,
             node_selector: Default::default(),
             affinity: vec![],
             tolerations: vec![],
             models: vec![],
+            ..Default::default()
         }
     }
 

@@ -185,7 +185,7 @@ impl Node {
 }
 
 /// Pod lifecycle phase.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Phase {
     /// Pending.
     Pending,
@@ -196,6 +196,7 @@ pub enum Phase {
     /// Failed (terminal).
     Failed,
     /// Unknown or absent.
+    #[default]
     Unknown,
 }
 
@@ -268,9 +269,10 @@ impl std::fmt::Display for UnknownReason {
 }
 
 /// A pod's GPU use on its node.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum GpuUse {
     /// No GPU.
+    #[default]
     None,
     /// Whole GPUs counted at node granularity (the device is not known).
     Whole(u32),
@@ -296,16 +298,11 @@ pub struct Owner {
 impl Owner {
     /// `group/Kind`, or `Kind` for the core group: the form `safety.movableOwnerKinds` uses.
     pub fn group_kind(&self) -> String {
-        group_kind(&self.group, &self.kind)
-    }
-}
-
-/// `group/Kind`, or `Kind` for the core group.
-pub fn group_kind(group: &str, kind: &str) -> String {
-    if group.is_empty() {
-        kind.to_string()
-    } else {
-        format!("{group}/{kind}")
+        if self.group.is_empty() {
+            self.kind.clone()
+        } else {
+            format!("{}/{}", self.group, self.kind)
+        }
     }
 }
 
@@ -370,8 +367,9 @@ pub struct NodeSelectorRequirement {
     pub field: bool,
 }
 
-/// One pod, normalised.
-#[derive(Debug, Clone, PartialEq)]
+/// One pod, normalised. The default is an unbound pod of unknown phase with no GPU, no
+/// owner, not Ready and no volumes (fixtures fill in what they need).
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Pod {
     /// Namespace.
     pub namespace: String,

@@ -213,11 +213,6 @@ impl<'a> Workloads<'a> {
     }
 }
 
-/// `true` unless the annotation value says `"false"`.
-fn says_true(v: &str) -> bool {
-    v.trim() != "false"
-}
-
 /// How much more a move of `pod` costs, in evictions, for the soft opt-outs its owner
 /// wrote: the descheduler's `prefer-no-eviction`, Koordinator's `eviction-cost` and the
 /// ReplicaSet `pod-deletion-cost` (positive values: the pod is moved last). The cost
@@ -531,7 +526,7 @@ pub fn movable(
     if pod
         .annotations
         .get(gpu_defrag_api::DO_NOT_DISRUPT)
-        .is_some_and(|v| says_true(v))
+        .is_some_and(|v| crate::workload::opts_out(v))
         || pod
             .annotations
             .get(crate::ingest::SAFE_TO_EVICT)

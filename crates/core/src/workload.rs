@@ -238,17 +238,9 @@ impl<'a> Index<'a> {
         labels: &std::collections::BTreeMap<String, String>,
     ) -> Option<Workload> {
         let owner = owner?;
+        let own = Workload::checked(&owner.group_kind(), &owner.name);
         let Some(kind) = ControllerKind::of(&owner.group, &owner.kind) else {
-            return Some(Workload {
-                kind: owner.group_kind(),
-                name: owner.name.clone(),
-                chain: Chain::Checked,
-            });
-        };
-        let own = Workload {
-            kind: owner.group_kind(),
-            name: owner.name.clone(),
-            chain: Chain::Checked,
+            return Some(own);
         };
         if !self.listed.controllers(kind) {
             // Judged by the pod. An Argo Rollout's ReplicaSet labels its pods
@@ -367,6 +359,11 @@ impl<'a> Index<'a> {
     }
 }
 
+/// Whether a `gpu-defrag.io/do-not-disrupt` value opts out: any value but `"false"`.
+pub fn opts_out(value: &str) -> bool {
+    value.trim() != "false"
+}
+
 /// Namespaces whose metadata carries `gpu-defrag.io/do-not-disrupt` (any value but
 /// `"false"`).
 pub fn protected_namespaces<'a>(
@@ -378,7 +375,7 @@ pub fn protected_namespaces<'a>(
             m.annotations
                 .as_ref()
                 .and_then(|a| a.get(gpu_defrag_api::DO_NOT_DISRUPT))
-                .is_some_and(|v| v.trim() != "false")
+                .is_some_and(|v| opts_out(v))
         })
         .filter_map(|m| m.name.clone())
         .collect()
@@ -432,34 +429,32 @@ mod tests {
         let idx = Index::new(&objs, &[], all);
         let l = BTreeMap::new();
         let w = |o: Owner| idx.workload("ml", Some(&o), &l).unwrap();
-        assert_eq!(
-            w(owner("apps", "ReplicaSet", "web-5d8f")),
-            Workload::checked("apps/Deployment", "web")
-        );
-        assert_eq!(
-            w(owner("apps", "ReplicaSet", "canary-1")),
-            Workload::checked("argoproj.io/Rollout", "canary")
-        );
-        assert_eq!(
-            w(owner("apps", "ReplicaSet", "bare-rs")),
-            Workload::checked("apps/ReplicaSet", "bare-rs")
-        );
-        assert_eq!(
-            w(owner("apps", "StatefulSet", "lws-0")),
-            Workload::checked("Pod", "lws-0")
-        );
-        assert_eq!(
-            w(owner("batch", "Job", "nightly-1")),
-            Workload::checked("batch/CronJob", "nightly")
-        );
-        assert_eq!(
-            w(owner("batch", "Job", "js-w-0")),
-            Workload::checked("jobset.x-k8s.io/JobSet", "js")
-        );
-        assert_eq!(
-            w(owner("kubeflow.org", "PyTorchJob", "pt")),
-            Workload::checked("kubeflow.org/PyTorchJob", "pt")
-        );
+        for ((group, kind, name), (want_kind, want_name)) in [
+            (
+                ("apps", "ReplicaSet", "web-5d8f"),
+                ("apps/Deployment", "web"),
+            ),
+            (
+                ("apps", "ReplicaSet", "canary-1"),
+                ("argoproj.io/Rollout", "canary"),
+            ),
+            (
+                ("apps", "ReplicaSet", "bare-rs"),
+                ("apps/ReplicaSet", "bare-rs"),
+            ),
+            (("apps", "StatefulSet", "lws-0"), ("Pod", "lws-0")),
+            (("batch", "Job", "nightly-1"), ("batch/CronJob", "nightly")),
+            (("batch", "Job", "js-w-0"), ("jobset.x-k8s.io/JobSet", "js")),
+            (
+                ("kubeflow.org", "PyTorchJob", "pt"),
+                ("kubeflow.org/PyTorchJob", "pt"),
+            ),
+        ] {
+            assert_eq!(
+                w(owner(group, kind, name)),
+                Workload::checked(want_kind, want_name)
+            );
+        }
         // A ReplicaSet of another group is not apps/ReplicaSet.
         assert_eq!(
             w(owner("example.com", "ReplicaSet", "x")).kind,

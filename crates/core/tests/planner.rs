@@ -72,16 +72,13 @@ fn pod(ns: &str, name: &str, owner: &str) -> Pod {
         deleting: false,
         mirror: false,
         local_storage: false,
-        pvc: false,
-        ephemeral_volume: false,
-        resource_claims: false,
         ready: true,
-        gang: None,
         workload: Some(Workload::checked("apps/ReplicaSet", owner)),
         node_selector: BTreeMap::new(),
         affinity: vec![],
         tolerations: vec![],
         models: vec![],
+        ..Default::default()
     }
 }
 

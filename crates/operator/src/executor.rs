@@ -447,13 +447,11 @@ async fn run(
     'moves: for m in &plan.moves {
         // A workload loses at most `maxUnavailablePerWorkload` replicas at once: its next
         // eviction waits until the replacement of its previous one is Ready.
-        let workload = m.pod.split_once('/').and_then(|(ns, pod_name)| {
-            ctx.pods
-                .state()
-                .into_iter()
-                .find(|p| p.namespace().as_deref() == Some(ns) && p.name_any() == pod_name)
-                .and_then(|p| owner_of(&p))
-        });
+        let workload = cluster
+            .pods
+            .get(m.pod_index)
+            .and_then(|p| p.owner.as_ref())
+            .map(|o| (o.kind.clone(), o.name.clone()));
         let per_workload = policy.max_unavailable_per_workload.max(1) as usize;
         // Wait for room.
         loop {

@@ -133,6 +133,24 @@ pub async fn read_policy_objects(
     Ok(items)
 }
 
+/// The metadata of every `K` in the cluster (`what` names it in errors).
+async fn list_meta<K>(
+    client: &kube::Client,
+    what: &str,
+) -> anyhow::Result<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Ok(Api::<K>::all(client.clone())
+        .list_metadata(&ListParams::default())
+        .await
+        .with_context(|| format!("listing {what}"))?
+        .items
+        .into_iter()
+        .map(|o| o.metadata)
+        .collect())
+}
+
 /// A 404 on DefragPolicy `name` is the user's to fix (exit code 2).
 fn not_found(e: kube::Error, name: &str) -> anyhow::Error {
     match e {
@@ -182,40 +200,15 @@ pub async fn read_live(client: kube::Client) -> anyhow::Result<Objects> {
         // Not a Koordinator cluster (404) or not allowed: Device objects are optional.
         Err(_) => Vec::new(),
     };
-    let rs = Api::<ReplicaSet>::all(client.clone())
-        .list_metadata(&lp)
-        .await
-        .context("listing replicasets")?
-        .items
-        .into_iter()
-        .map(|o| o.metadata);
-    let ss = Api::<StatefulSet>::all(client.clone())
-        .list_metadata(&lp)
-        .await
-        .context("listing statefulsets")?
-        .items
-        .into_iter()
-        .map(|o| o.metadata);
-    let jobs = Api::<Job>::all(client.clone())
-        .list_metadata(&lp)
-        .await
-        .context("listing jobs")?
-        .items
-        .into_iter()
-        .map(|o| o.metadata);
-    let namespaces = Api::<Namespace>::all(client.clone())
-        .list_metadata(&lp)
-        .await
-        .context("listing namespaces")?
-        .items
-        .into_iter()
-        .map(|o| o.metadata)
-        .collect();
+    let rs = list_meta::<ReplicaSet>(&client, "replicasets").await?;
+    let ss = list_meta::<StatefulSet>(&client, "statefulsets").await?;
+    let jobs = list_meta::<Job>(&client, "jobs").await?;
+    let namespaces = list_meta::<Namespace>(&client, "namespaces").await?;
     let mut controllers = Vec::new();
     let object = |kind| move |metadata| ControllerObject { kind, metadata };
-    controllers.extend(rs.map(object(ControllerKind::ReplicaSet)));
-    controllers.extend(ss.map(object(ControllerKind::StatefulSet)));
-    controllers.extend(jobs.map(object(ControllerKind::Job)));
+    controllers.extend(rs.into_iter().map(object(ControllerKind::ReplicaSet)));
+    controllers.extend(ss.into_iter().map(object(ControllerKind::StatefulSet)));
+    controllers.extend(jobs.into_iter().map(object(ControllerKind::Job)));
     // Volcano and KAI PodGroups, where served: a pod naming a group that cannot be read
     // is never moved (gang-unknown).
     let mut pod_groups = Vec::new();

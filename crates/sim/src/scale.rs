@@ -164,16 +164,13 @@ pub fn build(p: &ScaleParams) -> Cluster {
             deleting: false,
             mirror: false,
             local_storage: false,
-            pvc: false,
-            ephemeral_volume: false,
-            resource_claims: false,
             ready: true,
-            gang: None,
             workload: Some(Workload::checked("apps/ReplicaSet", &name)),
             node_selector: BTreeMap::new(),
             affinity: vec![],
             tolerations: vec![],
             models: vec![],
+            ..Default::default()
         });
     }
     pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));

@@ -172,16 +172,13 @@ pub fn pod_of(t: &TracePod, name: String, node: Option<(usize, &str)>, devs: &[u
         deleting: false,
         mirror: false,
         local_storage: false,
-        pvc: false,
-        ephemeral_volume: false,
-        resource_claims: false,
         ready: true,
-        gang: None,
         workload: Some(Workload::checked("apps/ReplicaSet", &name)),
         node_selector: BTreeMap::new(),
         affinity: vec![],
         tolerations: vec![],
         models: t.models.clone(),
+        ..Default::default()
     }
 }
 
