@@ -8,6 +8,7 @@
 
 mod reference;
 pub mod v1alpha1;
+pub mod values;
 
 /// API group of every gpu-defrag resource.
 pub const GROUP: &str = "gpu-defrag.io";

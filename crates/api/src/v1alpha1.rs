@@ -453,12 +453,18 @@ pub struct DefragPolicyStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
-    /// Condition type, e.g. `Ready`.
+    /// Condition type: `Ready`, `InWindow`, `Executing`, `Degraded`, `Conflict`,
+    /// `IdleData` (with `--prometheus-url`).
     #[serde(rename = "type")]
     pub type_: String,
     /// `True`, `False` or `Unknown`.
     pub status: String,
-    /// PascalCase reason for the last transition.
+    /// PascalCase reason for the last transition. Every condition: `InvalidSpec`,
+    /// `InvalidWindow` while the policy is invalid. `Ready`: `Reconciled`. `InWindow`: `WindowOpen`, `WindowClosed`, `NoWindow`. `Executing`:
+    /// `RunInProgress`, `NotExecuting`. `Degraded`: `PlanPartlyBlocked`, `AsExpected`.
+    /// `Conflict`: `OverlappingPolicy`, `NoOverlap`. `IdleData`: `NotQueriedYet`,
+    /// `Measured`, `NoSeries`, `PrometheusUnreachable`, `PrometheusTimeout`,
+    /// `PrometheusError`, `MalformedResponse`, `CredentialsUnreadable`.
     pub reason: String,
     /// Human readable message.
     #[serde(default)]
@@ -647,7 +653,9 @@ pub struct RunRecord {
     /// End of the window it runs in (RFC 3339).
     #[serde(default)]
     pub window_end: String,
-    /// `Running`, `Succeeded`, `Partial`, `Stalled`, `WindowClosed`, `Aborted`.
+    /// `Running` while it lasts, then how it ended: `Succeeded` (every planned move
+    /// done), `Partial` (some moves blocked, failed or bounced), `Stalled` (a replacement
+    /// was not Ready in time), `Stopped` (a safety guard), `WindowClosed`, `Aborted`.
     pub result: String,
     /// Why it ended that way.
     #[serde(default)]

@@ -17,7 +17,7 @@
 //! `gpu_defrag_api_outages_total`, `gpu_defrag_api_reachable` drops to 0. The first answer
 //! below 500 ends it, and the next reconcile of each policy publishes a Warning event
 //! `ApiServerUnavailable` on it with when it began, how long it lasted and how many requests
-//! failed ([`report_outage`]).
+//! failed ([`untold_outages`]).
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -27,10 +27,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use gpu_defrag_api::v1alpha1::DefragPolicy;
 use http::{Request, Response};
-use kube::ResourceExt;
-use kube::runtime::events::EventType;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -38,7 +35,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 use tracing::{info, warn};
 
-use crate::controller::{Ctx, ts};
+use crate::objects::ts;
 
 // === stats ===
 
@@ -185,23 +182,25 @@ impl ApiStats {
     }
 }
 
-/// Publishes a Warning event `ApiServerUnavailable` on the policy for each outage that
-/// ended since its last reconcile (called at the start of every reconcile).
-pub async fn report_outage(ctx: &Ctx, dp: &DefragPolicy) {
-    let name = dp.name_any();
-    for o in stats().untold(&name) {
-        let until = o.until.unwrap_or_else(Utc::now);
-        let note = format!(
-            "the API server was unavailable from {} to {} ({:.0}s; {} requests failed, first: {}); watches and runs resumed",
-            ts(o.since),
-            ts(until),
-            (until - o.since).as_seconds_f64(),
-            o.failed,
-            o.error
-        );
-        ctx.event(dp, EventType::Warning, "ApiServerUnavailable", note, None)
-            .await;
-    }
+/// What to tell a policy about the API server (an `ApiServerUnavailable` Warning event
+/// each): one note per outage that ended since its last reconcile (asked at the start of
+/// every reconcile).
+pub fn untold_outages(policy: &str) -> Vec<String> {
+    stats()
+        .untold(policy)
+        .into_iter()
+        .map(|o| {
+            let until = o.until.unwrap_or_else(Utc::now);
+            format!(
+                "the API server was unavailable from {} to {} ({:.0}s; {} requests failed, first: {}); watches and runs resumed",
+                ts(o.since),
+                ts(until),
+                (until - o.since).as_seconds_f64(),
+                o.failed,
+                o.error
+            )
+        })
+        .collect()
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

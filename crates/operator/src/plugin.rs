@@ -73,7 +73,7 @@ mod tests {
 
     #[test]
     fn plugin_help_presents_itself_as_kubectl_gpu_defrag() {
-        let mut cmd = command::<crate::Cli>(true);
+        let mut cmd = command::<crate::cli::Cli>(true);
         cmd.build();
         let help = cmd.render_help().to_string();
         assert!(help.contains("Usage: kubectl gpu-defrag"), "{help}");
@@ -92,7 +92,7 @@ mod tests {
 
     #[test]
     fn binary_help_is_unchanged() {
-        let mut cmd = command::<crate::Cli>(false);
+        let mut cmd = command::<crate::cli::Cli>(false);
         let help = cmd.render_help().to_string();
         assert!(help.contains("\n  run "), "{help}");
         assert!(!help.contains("kubectl gpu-defrag"), "{help}");

@@ -10,6 +10,7 @@ use gpu_defrag_api::v1alpha1::{
     Condition, FragmentationSummary, IdleAllocatedPod, IdleAllocatedSummary, PlanSummary,
     PlannedMove, RunRecord,
 };
+use gpu_defrag_api::values::{ConditionType, Reason};
 use gpu_defrag_core::frag::{IdleAllocated, Report};
 use gpu_defrag_core::plan::Plan;
 
@@ -49,6 +50,16 @@ pub struct Want {
 }
 
 impl Want {
+    /// A condition of a known type with a known reason.
+    pub fn of(
+        type_: ConditionType,
+        status: bool,
+        reason: Reason,
+        message: impl Into<String>,
+    ) -> Self {
+        Want::new(type_.as_str(), status, reason.as_str(), message)
+    }
+
     /// Shorthand.
     pub fn new(
         type_: &'static str,

@@ -1,0 +1,358 @@
+//! The command line: `gpu-defrag report | plan | status | run | crd` (also as the kubectl
+//! plugin `kubectl gpu-defrag`).
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use gpu_defrag_core::{frag, ingest, policy::Policy};
+
+use crate::{apiclient, controller, http, idle, input, lease, metrics, render};
+
+#[derive(Parser)]
+#[command(
+    name = "gpu-defrag",
+    version,
+    about = "GPU defragmentation descheduler for Kubernetes"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+/// How `gpu-defrag run` writes its log.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+#[derive(Subcommand)]
+pub enum Cmd {
+    /// Print the DefragPolicy CRD as YAML.
+    Crd {
+        /// Print the field reference of the CRD (Markdown) instead.
+        #[arg(long)]
+        reference: bool,
+    },
+    /// Measure GPU fragmentation of a snapshot file or of the live cluster (read-only).
+    Report {
+        /// A DefragPolicy of the cluster whose nodeSelector, namespaces and target shapes
+        /// apply (instead of --policy FILE).
+        #[arg(value_name = "POLICY", conflicts_with = "policy")]
+        policy_name: Option<String>,
+        /// A `v1` List (YAML or JSON) as `kubectl get nodes,pods,pdb -A -o yaml` prints it.
+        /// Without it, the cluster of the current kubeconfig context is read.
+        #[arg(long)]
+        snapshot: Option<PathBuf>,
+        /// A DefragPolicy YAML: its nodeSelector, namespaces and target shapes apply.
+        #[arg(long)]
+        policy: Option<PathBuf>,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value = "table")]
+        output: Output,
+        /// Heatmap rows at most (table output).
+        #[arg(long, default_value_t = 40)]
+        max_rows: usize,
+        #[command(flatten)]
+        kube: input::KubeArgs,
+    },
+    /// Run the operator: reconcile DefragPolicies (kubeconfig or in-cluster config).
+    Run {
+        /// Address of /metrics, /healthz and /readyz.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        metrics_addr: std::net::SocketAddr,
+        /// Elect a leader through a Lease (only the leader writes status or evicts).
+        #[arg(long, default_value_t = false)]
+        leader_elect: bool,
+        /// Namespace of the Lease.
+        #[arg(long, env = "POD_NAMESPACE", default_value = "gpu-defrag-system")]
+        lease_namespace: String,
+        /// Name of the Lease.
+        #[arg(long, default_value = "gpu-defrag-leader")]
+        lease_name: String,
+        /// Identity of this replica (defaults to the pod name or host name).
+        #[arg(long, env = "POD_NAME")]
+        identity: Option<String>,
+        /// Lease duration in seconds.
+        #[arg(long, default_value_t = 15)]
+        lease_duration: u64,
+        /// Only reconcile DefragPolicies matching this label selector (e.g. one operator
+        /// per team, or isolated tests). Empty: all.
+        #[arg(long, default_value = "")]
+        policy_selector: String,
+        /// Also export `gpu_defrag_gpu_used_milli{node,gpu}`: one series per GPU of the
+        /// cluster, for per-GPU heatmaps (cardinality grows with the GPU count).
+        #[arg(long, env = "GPU_DEFRAG_METRICS_PER_GPU", default_value_t = false)]
+        metrics_per_gpu: bool,
+        #[command(flatten)]
+        idle: idle::IdleArgs,
+        /// Client-side rate limit: average requests per second to the API server (as
+        /// client-go's QPS); 0 turns the limiter off.
+        #[arg(long, default_value_t = 50.0)]
+        kube_qps: f64,
+        /// Client-side rate limit: requests allowed at once above the average (client-go's
+        /// Burst).
+        #[arg(long, default_value_t = 100)]
+        kube_burst: u32,
+        /// Log lines as text, or as one JSON object per line (for log collectors).
+        #[arg(long, value_enum, default_value = "text")]
+        log_format: LogFormat,
+    },
+    /// Plan migrations for a snapshot and a policy: report before, the moves, report after.
+    /// Only computes: nothing is evicted, tainted or written.
+    Plan {
+        /// A DefragPolicy of the cluster to plan with (instead of --policy FILE).
+        #[arg(value_name = "POLICY", conflicts_with = "policy")]
+        policy_name: Option<String>,
+        /// A `v1` List (YAML or JSON). Without it, the live cluster (read-only).
+        #[arg(long)]
+        snapshot: Option<PathBuf>,
+        /// A DefragPolicy YAML (limits, safety, shapes, scope).
+        #[arg(long)]
+        policy: Option<PathBuf>,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value = "table")]
+        output: Output,
+        #[command(flatten)]
+        kube: input::KubeArgs,
+    },
+    /// Show what the operator measured, planned and did: the status of every DefragPolicy,
+    /// or in detail of one (read-only).
+    Status {
+        /// The DefragPolicy to show in detail. Without it, one line per policy.
+        #[arg(value_name = "POLICY")]
+        name: Option<String>,
+        /// Output format: `json` prints the raw status (of POLICY, or an object of all
+        /// statuses by policy name).
+        #[arg(short = 'o', long, value_enum, default_value = "table")]
+        output: Output,
+        #[command(flatten)]
+        kube: input::KubeArgs,
+    },
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.cmd {
+        Cmd::Run {
+            metrics_addr,
+            leader_elect,
+            lease_namespace,
+            lease_name,
+            identity,
+            lease_duration,
+            policy_selector,
+            idle,
+            metrics_per_gpu,
+            kube_qps,
+            kube_burst,
+            log_format,
+        } => {
+            if !(kube_qps.is_finite() && kube_qps >= 0.0) {
+                return Err(input::InputError(format!(
+                    "--kube-qps must be a number >= 0, not {kube_qps}"
+                ))
+                .into());
+            }
+            let idle = idle.config().map_err(input::InputError)?;
+            init_logs(log_format);
+            let identity = identity
+                .or_else(|| std::env::var("HOSTNAME").ok())
+                .unwrap_or_else(|| format!("gpu-defrag-{}", std::process::id()));
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            rt.block_on(async move {
+                let limit = apiclient::RateLimit {
+                    qps: kube_qps,
+                    burst: kube_burst.max(1),
+                };
+                let client = run_client(&input::KubeArgs::default(), limit).await?;
+                let metrics = metrics::Metrics::with_per_gpu(metrics_per_gpu);
+                let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let mut elector = None;
+                let leader = if leader_elect {
+                    let state = lease::LeaderState::default();
+                    let e = lease::LeaderElector::new(
+                        client.clone(),
+                        &lease_namespace,
+                        &lease_name,
+                        &identity,
+                        std::time::Duration::from_secs(lease_duration),
+                        std::time::Duration::from_secs((lease_duration / 3).max(1)),
+                    )
+                    .with_metrics(metrics.clone());
+                    tokio::spawn(e.clone().run(state.clone()));
+                    elector = Some(e);
+                    state
+                } else {
+                    metrics.set_leader(true);
+                    lease::LeaderState::always()
+                };
+                tokio::spawn(http::serve(metrics_addr, metrics.clone(), ready.clone()));
+                let result = controller::run(
+                    client,
+                    metrics,
+                    leader,
+                    ready,
+                    controller::RunOptions {
+                        identity,
+                        policy_selector,
+                        idle: idle.map(idle::IdleSource::new),
+                    },
+                )
+                .await;
+                // On shutdown, hand the lease over at once instead of letting it expire.
+                if let Some(e) = elector {
+                    e.release().await;
+                }
+                result
+            })?;
+        }
+        Cmd::Crd { reference: false } => print!("{}", gpu_defrag_api::crd_yaml()),
+        Cmd::Crd { reference: true } => print!("{}", gpu_defrag_api::crd_reference()),
+        Cmd::Report {
+            policy_name,
+            snapshot,
+            policy,
+            output,
+            max_rows,
+            kube,
+        } => {
+            let (cluster, policy, _) = load_inputs(snapshot, policy, policy_name, &kube)?;
+            let report = frag::report(&cluster, &policy);
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+                Output::Table => {
+                    print!("{}", render::summary(&report));
+                    println!();
+                    print!("{}", render::heatmap(&report, max_rows));
+                }
+            }
+        }
+        Cmd::Plan {
+            policy_name,
+            snapshot,
+            policy,
+            output,
+            kube,
+        } => {
+            let (cluster, policy, now) = load_inputs(snapshot, policy, policy_name, &kube)?;
+            let before = frag::report(&cluster, &policy);
+            let plan = gpu_defrag_core::plan::plan(&cluster, &policy, now, &Default::default());
+            let after_cluster = gpu_defrag_core::plan::apply(&cluster, &plan);
+            let after = frag::report(&after_cluster, &policy);
+            match output {
+                Output::Json => {
+                    let v = serde_json::json!({
+                        "before": before,
+                        "after": after,
+                        "moves": plan.moves,
+                        "batches": plan.batches,
+                        "evictions": plan.moves.len(),
+                        "skipped": plan.skipped,
+                        "skippedPods": plan.skipped_pods,
+                        "unchecked": plan.unchecked,
+                        "fencedNodes": plan.fenced_nodes,
+                        "fencedDevices": plan.fenced_devices,
+                        "pendingServed": plan.pending_served,
+                    });
+                    println!("{}", serde_json::to_string_pretty(&v)?);
+                }
+                Output::Table => print!("{}", render::plan(&before, &after, &plan)),
+            }
+        }
+        Cmd::Status { name, output, kube } => {
+            let objs = block_on(async {
+                input::read_policy_objects(client(&kube).await?, name.as_deref()).await
+            })?;
+            let json = matches!(output, Output::Json);
+            print!("{}", render::status(&objs, name.is_some(), json)?);
+        }
+    }
+    Ok(())
+}
+
+/// Runs a future on a single-threaded runtime (the CLI commands).
+fn block_on<T>(f: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(f)
+}
+
+/// A client from the kubeconfig or in-cluster config. Retries are ours to decide: the
+/// client's built-in retry would re-send an eviction refused with 429 (a PDB) for minutes
+/// instead of reporting it as blocked.
+async fn client(kube: &input::KubeArgs) -> anyhow::Result<kube::Client> {
+    let mut config = kube.config().await?;
+    config.default_retry = false;
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// The operator's client: like [`client`], through the rate limit and request accounting
+/// of [`apiclient`].
+async fn run_client(
+    kube: &input::KubeArgs,
+    limit: apiclient::RateLimit,
+) -> anyhow::Result<kube::Client> {
+    let mut config = kube.config().await?;
+    config.default_retry = false;
+    apiclient::client(config, limit)
+}
+
+/// The cluster model (from a snapshot or the live cluster), the policy (from a file, from
+/// the cluster by name, or the defaults) and the instant ages are measured from (None for
+/// snapshots). Only reads.
+fn load_inputs(
+    snapshot: Option<PathBuf>,
+    policy: Option<PathBuf>,
+    policy_name: Option<String>,
+    kube: &input::KubeArgs,
+) -> anyhow::Result<(
+    gpu_defrag_core::model::Cluster,
+    Policy,
+    Option<chrono::DateTime<chrono::Utc>>,
+)> {
+    let policy = match (policy, policy_name) {
+        (Some(p), _) => input::read_policy(&p)?.1,
+        (None, Some(name)) => {
+            block_on(async { input::read_cluster_policy(client(kube).await?, &name).await })?.1
+        }
+        (None, None) => Policy::default(),
+    };
+    let (objs, now) = load(snapshot, kube)?;
+    Ok((ingest::build_cluster(&objs, now), policy, now))
+}
+
+/// Objects from a snapshot file, or from the live cluster with the current time.
+fn load(
+    snapshot: Option<PathBuf>,
+    kube: &input::KubeArgs,
+) -> anyhow::Result<(ingest::Objects, Option<chrono::DateTime<chrono::Utc>>)> {
+    Ok(match snapshot {
+        Some(path) => (input::read_snapshot(&path)?, None),
+        None => {
+            let objs = block_on(async { input::read_live(client(kube).await?).await })?;
+            (objs, Some(chrono::Utc::now()))
+        }
+    })
+}
+
+/// The log of `gpu-defrag run`: `RUST_LOG` filters (default `info,kube=warn`).
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "info,kube=warn".into());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().init(),
+    }
+}

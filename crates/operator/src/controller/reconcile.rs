@@ -1,0 +1,256 @@
+//! One reconcile of a DefragPolicy, as a pipeline of named steps:
+//! gate → validate → observe → decide → act → check → status → metrics → requeue.
+//! Only `act`, `check` and `write_status` talk to the API server (and `refuse`, for an
+//! invalid policy); [`decide`](super::decide) is pure.
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use gpu_defrag_api::v1alpha1::{DefragPolicy, DefragPolicyStatus, DryRunCheck};
+use gpu_defrag_api::values::RunResult;
+use gpu_defrag_core::plan::Plan;
+use gpu_defrag_core::policy::Policy;
+use gpu_defrag_core::windows::Windows;
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use serde_json::json;
+use tracing::info;
+
+use super::decide::{self, IdleView, Invalid, RunDecision, Situation};
+use crate::apiclient;
+use crate::context::{Ctx, Error, EventReason, Observed, RECONCILE_MANAGER, patch_status};
+use crate::executor::{self, evictor::Evictor};
+use crate::metrics::ReportNumbers;
+use crate::objects::ts;
+use crate::status;
+
+/// A dry-run check is repeated at most this often for an unchanged plan.
+pub const DRY_RUN_EVERY: Duration = Duration::from_secs(300);
+
+/// The reconcile.
+pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let started = Instant::now();
+    if let Some(wait) = gate(&ctx) {
+        return Ok(Action::requeue(wait));
+    }
+    report_outages(&ctx, &dp).await;
+    let now = Utc::now();
+    let (policy, windows) = match decide::validate(&dp) {
+        Ok(valid) => valid,
+        Err(invalid) => return refuse(&ctx, &dp, invalid, now).await,
+    };
+    let old = dp.status.clone().unwrap_or_default();
+    let obs = ctx.observe(&policy, old.active_run.as_ref(), now);
+    let idle = ctx
+        .idle
+        .as_ref()
+        .map(|src| decide::idle_view(src, &obs.cluster, &policy));
+    let conflict = decide::conflicts_with(&dp, &ctx.policies.state(), &obs.cluster);
+    let s = Situation {
+        now,
+        old: &old,
+        enforce: decide::enforces(&dp),
+        conflict: conflict.as_deref(),
+        open: windows.open_at(now),
+        report: &obs.report,
+        plan: &obs.plan,
+        min_fragment_rate: policy.min_fragment_rate,
+    };
+    let running = ctx.run_alive(&dp.name_any()).await;
+    let run_note = act(&ctx, &dp, &policy, decide::run_decision(&s, running)).await?;
+    let check = check(&ctx, &dp, &obs.plan).await;
+    let window = windows.status(now);
+    let wanted = decide::conditions(
+        &s,
+        window.as_ref(),
+        running,
+        &run_note,
+        check.as_ref(),
+        idle.as_ref(),
+    );
+    let conds = status::conditions(&old.conditions, &wanted, dp.metadata.generation, &ts(now));
+    let st = decide::status(
+        &s,
+        conds,
+        dp.metadata.generation,
+        window,
+        check,
+        idle.as_ref(),
+    );
+    write_status(&ctx, &dp.name_any(), &old, &st).await?;
+    record_metrics(
+        &ctx,
+        &dp.name_any(),
+        &policy,
+        &obs,
+        idle.as_ref(),
+        &windows,
+        now,
+    );
+    ctx.metrics
+        .observe_reconcile(started.elapsed().as_secs_f64());
+    Ok(Action::requeue(decide::requeue_after(&windows, now)))
+}
+
+/// Standby replicas compute nothing and write nothing; nobody plans (or resumes a run) on
+/// a partial view of the cluster. Some: come back after that long.
+fn gate(ctx: &Ctx) -> Option<Duration> {
+    if !ctx.leader.is_leader() {
+        return Some(Duration::from_secs(10));
+    }
+    if !ctx.caches_ready.load(std::sync::atomic::Ordering::SeqCst) {
+        return Some(Duration::from_secs(1));
+    }
+    None
+}
+
+/// A Warning event for each API-server outage that ended since the last reconcile.
+async fn report_outages(ctx: &Ctx, dp: &DefragPolicy) {
+    for note in apiclient::untold_outages(&dp.name_any()) {
+        ctx.event(
+            dp,
+            EventType::Warning,
+            EventReason::ApiServerUnavailable,
+            note,
+            None,
+        )
+        .await;
+    }
+}
+
+/// An invalid policy: a run in progress under it is stopped and cleaned up, the
+/// conditions say why, nothing is evicted.
+async fn refuse(
+    ctx: &Ctx,
+    dp: &DefragPolicy,
+    invalid: Invalid,
+    now: DateTime<Utc>,
+) -> Result<Action, Error> {
+    let name = dp.name_any();
+    let old = dp.status.clone().unwrap_or_default();
+    ctx.stop_run(&name).await;
+    if old.active_run.is_some() {
+        let why = format!("policy became invalid: {}", invalid.message);
+        executor::abandon(ctx, dp, RunResult::Aborted, &why).await?;
+    }
+    let generation = dp.metadata.generation;
+    let conds = status::conditions(&old.conditions, &invalid.conditions(), generation, &ts(now));
+    let st = json!({"conditions": conds, "observedGeneration": generation});
+    patch_status(&ctx.client, &name, RECONCILE_MANAGER, st).await?;
+    ctx.metrics.reconcile_error(&name, invalid.reason.as_str());
+    ctx.event(
+        dp,
+        EventType::Warning,
+        invalid.event(),
+        invalid.message,
+        None,
+    )
+    .await;
+    Ok(Action::requeue(decide::INVALID_RESYNC))
+}
+
+/// Carries out the run decision; says what it did (empty: nothing new).
+async fn act(
+    ctx: &Arc<Ctx>,
+    dp: &Arc<DefragPolicy>,
+    policy: &Policy,
+    decision: RunDecision,
+) -> Result<String, Error> {
+    let name = dp.name_any();
+    Ok(match decision {
+        RunDecision::Nothing => String::new(),
+        RunDecision::Resume { record, end } => {
+            info!(policy = %name, run = %record.id, "resuming run after restart");
+            let note = format!("resumed run {}", record.id);
+            executor::start(ctx.clone(), dp.clone(), policy.clone(), end, Some(*record)).await;
+            note
+        }
+        RunDecision::Abandon(result) => {
+            info!(policy = %name, result = result.as_str(), "cleaning up a run left by a previous operator process");
+            executor::abandon(ctx, dp, result, "the operator restarted outside the run's window (or the policy changed); fences removed").await?;
+            String::new()
+        }
+        RunDecision::Start(end) => {
+            executor::start(ctx.clone(), dp.clone(), policy.clone(), end, None).await;
+            "run started".into()
+        }
+        RunDecision::RemoveStaleFences => {
+            executor::remove_stale_fences(ctx, &name).await?;
+            String::new()
+        }
+    })
+}
+
+/// Server-side dry run of the first planned evictions, repeated only when the plan
+/// changes or [`DRY_RUN_EVERY`] has passed.
+async fn check(ctx: &Ctx, dp: &DefragPolicy, plan: &Plan) -> Option<DryRunCheck> {
+    if plan.moves.is_empty() {
+        return None;
+    }
+    let name = dp.name_any();
+    let fp = decide::fingerprint(plan);
+    let mut checks = ctx.dry_checks.lock().await;
+    match checks.get(&name) {
+        Some((f, at, c)) if *f == fp && at.elapsed() < DRY_RUN_EVERY => Some(c.clone()),
+        _ => {
+            let c = Evictor::of(ctx, dp).dry_run_check(plan).await;
+            checks.insert(name, (fp, Instant::now(), c.clone()));
+            Some(c)
+        }
+    }
+}
+
+/// Writes the reconciler's part of the status when anything but timestamps changed.
+async fn write_status(
+    ctx: &Ctx,
+    name: &str,
+    old: &DefragPolicyStatus,
+    st: &DefragPolicyStatus,
+) -> Result<(), Error> {
+    if !decide::status_changed(old, st) {
+        return Ok(());
+    }
+    let mut body = serde_json::to_value(st)?;
+    // The run records belong to the executor's field manager.
+    if let Some(o) = body.as_object_mut() {
+        o.remove("activeRun");
+        o.remove("lastRuns");
+    }
+    patch_status(&ctx.client, name, RECONCILE_MANAGER, body).await
+}
+
+/// The policy's series: fragmentation, trigger, idle GPUs, plan, window, GPUs.
+fn record_metrics(
+    ctx: &Ctx,
+    name: &str,
+    policy: &Policy,
+    obs: &Observed,
+    idle: Option<&IdleView>,
+    windows: &Windows,
+    now: DateTime<Utc>,
+) {
+    let r = &obs.report;
+    ctx.metrics.set_report(
+        name,
+        &ReportNumbers {
+            fragment_rate: r.fragment_rate,
+            idle_milli: r.idle_milli,
+            fragment_milli: r.fragment_milli,
+            fully_free_gpus: r.fully_free_gpus,
+            fully_free_nodes: r.fully_free_nodes,
+            unknown_pods: r.unknown_pods,
+            pending_unplaceable: r.pending_unplaceable,
+        },
+    );
+    ctx.metrics.set_trigger(name, policy.min_fragment_rate);
+    ctx.metrics.set_idle(
+        name,
+        idle.and_then(|v| v.numbers.as_ref())
+            .map(|r| (r.pods, r.gpus, r.milli)),
+    );
+    ctx.metrics
+        .set_plan(name, obs.plan.moves.len() as u64, &obs.plan.skipped);
+    ctx.metrics.set_window(name, windows.open_at(now).is_some());
+    ctx.metrics.set_gpus(&obs.cluster.nodes);
+}

@@ -1,0 +1,405 @@
+//! The executor: the one place that acts on the cluster for a plan.
+//!
+//! Protocol of a run (restart-safe; every step is recorded before it is taken):
+//! 1. record the run in `status.activeRun` (with the nodes it will fence);
+//! 2. fence: `gpu-defrag.io/draining=<policy>:NoSchedule` on nodes being emptied, and
+//!    single GPUs being emptied on HAMi nodes in `hami.io/device-cordon` ([`fences`]);
+//! 3. evict through the Eviction API only, never delete ([`evictor`]), at most
+//!    `maxInFlight` replacements pending at once; 429 = blocked by a PodDisruptionBudget:
+//!    skip, report;
+//! 4. wait until each replacement is Ready and check where it landed ([`waits`]; a landing
+//!    on a fenced node or GPU is a bounce: reported, the workload is backed off for the run);
+//! 5. stop at window end (no new evictions; moves in flight finish), on a stall
+//!    (`rescheduleTimeout`), when pending GPU pods pile up, or on lost leadership;
+//! 6. remove the fences; write the outcome ([`outcome`]) to `lastRuns`, events and metrics.
+pub mod evictor;
+pub mod fences;
+pub mod outcome;
+pub mod waits;
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use gpu_defrag_api::v1alpha1::{DefragPolicy, RunRecord};
+use gpu_defrag_api::values::RunResult;
+use gpu_defrag_core::frag;
+use gpu_defrag_core::plan::Move;
+use gpu_defrag_core::policy::Policy;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::runtime::events::EventType;
+use serde_json::json;
+use tracing::{info, warn};
+
+use crate::context::{Ctx, EXECUTOR_MANAGER, Error, EventReason, RunHandle, patch_status};
+use crate::objects::{controller_of, pod_node, ts};
+use crate::status;
+use evictor::{EvictionResult, Evictor};
+use fences::Fences;
+use outcome::Stop;
+use waits::{POLL, Wait, Waits, Workload};
+
+/// Starts (or resumes) a run in its own task.
+pub async fn start(
+    ctx: Arc<Ctx>,
+    dp: Arc<DefragPolicy>,
+    policy: Policy,
+    window_end: DateTime<Utc>,
+    resume: Option<RunRecord>,
+) {
+    let name = dp.name_any();
+    let c2 = ctx.clone();
+    let task = tokio::spawn(async move {
+        if let Err(e) = run(c2.clone(), dp.clone(), policy, window_end, resume).await {
+            warn!(policy = %dp.name_any(), error = %e, "run failed; fences are removed by the next reconcile");
+            c2.metrics.reconcile_error(&dp.name_any(), e.kind());
+        }
+    });
+    ctx.runs.lock().await.insert(name, RunHandle { task });
+}
+
+/// Writes the executor's part of status: the active run (or none) and the last runs.
+async fn write_runs(
+    ctx: &Ctx,
+    name: &str,
+    active: Option<&RunRecord>,
+    last: &[RunRecord],
+) -> Result<(), Error> {
+    let mut st = json!({"lastRuns": status::finished_runs(last)});
+    if let Some(a) = active {
+        st["activeRun"] = serde_json::to_value(a)?;
+    }
+    patch_status(&ctx.client, name, EXECUTOR_MANAGER, st).await
+}
+
+/// Removes every fence this policy left on any node (from the node cache).
+pub async fn remove_stale_fences(ctx: &Ctx, policy: &str) -> Result<(), Error> {
+    fences::remove_stale(&ctx.client, &ctx.nodes.state(), policy).await
+}
+
+/// Ends a recorded run that no task owns (after a restart outside its window, or an
+/// invalid policy): fences removed, record moved to `lastRuns`.
+pub async fn abandon(
+    ctx: &Ctx,
+    dp: &DefragPolicy,
+    result: RunResult,
+    message: &str,
+) -> Result<(), Error> {
+    let name = dp.name_any();
+    let old = dp.status.clone().unwrap_or_default();
+    let Some(mut rec) = old.active_run.clone() else {
+        return Ok(());
+    };
+    fences::remove(&ctx.client, &name, &rec).await?;
+    remove_stale_fences(ctx, &name).await?;
+    rec.result = result.as_str().into();
+    rec.message = message.into();
+    rec.finished_at = Some(ts(Utc::now()));
+    write_runs(ctx, &name, None, &outcome::last_runs(&rec, &old.last_runs)).await?;
+    ctx.metrics.run_finished(&name, result.as_str(), 0.0);
+    ctx.event(
+        dp,
+        EventType::Warning,
+        EventReason::RunAbandoned,
+        format!("run {}: {message}", rec.id),
+        None,
+    )
+    .await;
+    Ok(())
+}
+
+/// The run itself: one call per step of the protocol.
+async fn run(
+    ctx: Arc<Ctx>,
+    dp: Arc<DefragPolicy>,
+    policy: Policy,
+    window_end: DateTime<Utc>,
+    resume: Option<RunRecord>,
+) -> Result<(), Error> {
+    let (mut run, moves) = Run::plan(ctx, dp, policy, window_end, resume).await;
+    // 1. Record first, so a restart can resume or clean up.
+    run.record_start().await?;
+    // 2. Fence.
+    fences::set(&run.ctx.client, &run.name, &run.rec).await?;
+    // 3–5. Evict, pace, wait.
+    let mut stop = None;
+    for (m, workload) in &moves {
+        stop = run
+            .wait_for_room(workload.as_ref())
+            .await
+            .or_else(|| run.guard());
+        if stop.is_some() {
+            break;
+        }
+        if let Some((pod, owner)) = run.still_planned(m) {
+            run.evict(m, &pod, owner).await?;
+        }
+    }
+    if stop == Some(Stop::LostLeadership) {
+        // The new leader resumes from the recorded run; it owns the fences now.
+        info!(policy = %run.name, "lost leadership; leaving the run to the new leader");
+        return Ok(());
+    }
+    // Moves in flight finish, even after the window closed.
+    run.finish_in_flight(&mut stop).await;
+    // 6. Unfence, record.
+    fences::remove(&run.ctx.client, &run.name, &run.rec).await?;
+    run.record_end(stop).await
+}
+
+/// The state of a run in progress.
+struct Run {
+    ctx: Arc<Ctx>,
+    dp: Arc<DefragPolicy>,
+    name: String,
+    policy: Policy,
+    window_end: DateTime<Utc>,
+    resumed: bool,
+    started: tokio::time::Instant,
+    /// The record in `status.activeRun`.
+    rec: RunRecord,
+    /// The runs before it, in `status.lastRuns`.
+    last_runs: Vec<RunRecord>,
+    /// Why the plan was cut to fit the record, if it was.
+    cut: Option<String>,
+    fences: Fences,
+    waits: Waits,
+    evictor: Evictor,
+}
+
+impl Run {
+    /// Plans on fresh caches, with what the run already did (resume); the plan too large
+    /// for the record is cut to the whole units that fit. Returns the moves with the
+    /// workload of each (from the plan's cluster model).
+    async fn plan(
+        ctx: Arc<Ctx>,
+        dp: Arc<DefragPolicy>,
+        policy: Policy,
+        window_end: DateTime<Utc>,
+        resume: Option<RunRecord>,
+    ) -> (Self, Vec<(Move, Option<Workload>)>) {
+        let name = dp.name_any();
+        let old = dp.status.clone().unwrap_or_default();
+        let obs = ctx.observe(&policy, resume.as_ref(), Utc::now());
+        let mut plan = obs.plan;
+        let mut rec = resume.clone().unwrap_or_else(|| RunRecord {
+            id: format!("{}-{}", name, obs.now.format("%Y%m%dt%H%M%S")),
+            started_at: ts(obs.now),
+            window_end: ts(window_end),
+            result: RunResult::Running.as_str().into(),
+            planned: plan.moves.len() as i64,
+            fragment_rate_before: obs.report.fragment_rate,
+            fully_free_gpus_before: obs.report.fully_free_gpus as i64,
+            ..Default::default()
+        });
+        // The record lists every pod the run evicts.
+        let fit = status::batches_within_record(&rec, &plan);
+        let cut = (fit < plan.batches.len()).then(|| {
+            let all = plan.moves.len();
+            plan = plan.first_batches(fit);
+            if resume.is_none() {
+                rec.planned = plan.moves.len() as i64;
+            }
+            format!(
+                "plan cut to {} of {all} evictions ({fit} of its batches) so that the run record stays under {} KiB",
+                plan.moves.len(),
+                status::MAX_ACTIVE_RUN_BYTES / 1024
+            )
+        });
+        if let Some(why) = &cut {
+            warn!(policy = %name, "{why}");
+            ctx.event(
+                &dp,
+                EventType::Warning,
+                EventReason::PlanCut,
+                format!("run {}: {why}", rec.id),
+                None,
+            )
+            .await;
+        }
+        let fences = Fences::of_run(&rec, &plan);
+        fences.record(&mut rec);
+        let moves = plan
+            .moves
+            .into_iter()
+            .map(|m| {
+                let workload = obs
+                    .cluster
+                    .pods
+                    .get(m.pod_index)
+                    .and_then(|p| p.owner.as_ref())
+                    .map(|o| (o.kind.clone(), o.name.clone()));
+                (m, workload)
+            })
+            .collect();
+        let run = Run {
+            evictor: Evictor::of(&ctx, &dp),
+            waits: Waits::new(
+                policy
+                    .reschedule_timeout
+                    .max(std::time::Duration::from_secs(5)),
+            ),
+            ctx,
+            dp,
+            name,
+            policy,
+            window_end,
+            resumed: resume.is_some(),
+            started: tokio::time::Instant::now(),
+            rec,
+            last_runs: old.last_runs,
+            cut,
+            fences,
+        };
+        (run, moves)
+    }
+
+    /// Writes the active record (and the last runs, unchanged).
+    async fn write(&self) -> Result<(), Error> {
+        write_runs(&self.ctx, &self.name, Some(&self.rec), &self.last_runs).await
+    }
+
+    /// Records the run before it acts; announces a new run.
+    async fn record_start(&self) -> Result<(), Error> {
+        self.write().await?;
+        if !self.resumed {
+            let note = format!(
+                "run {}: {} evictions planned, fragment rate {:.3}, window ends {}",
+                self.rec.id, self.rec.planned, self.rec.fragment_rate_before, self.rec.window_end
+            );
+            self.ctx
+                .event(
+                    &self.dp,
+                    EventType::Normal,
+                    EventReason::RunStarted,
+                    note,
+                    None,
+                )
+                .await;
+        }
+        Ok(())
+    }
+
+    /// Checks the waits once.
+    fn settle(&mut self) -> Result<(), Stop> {
+        self.waits.settle(
+            &self.ctx.pods,
+            &self.ctx.metrics,
+            &self.name,
+            &self.fences,
+            &mut self.rec,
+        )
+    }
+
+    /// Waits until fewer than `maxInFlight` replacements are pending, and fewer than
+    /// `maxUnavailablePerWorkload` of `workload`: its next eviction waits until the
+    /// replacement of its previous one is Ready. A stall stops the run.
+    async fn wait_for_room(&mut self, workload: Option<&Workload>) -> Option<Stop> {
+        let in_flight_max = self.policy.max_in_flight.max(1) as usize;
+        let per_workload = self.policy.max_unavailable_per_workload.max(1) as usize;
+        loop {
+            if let Err(stop) = self.settle() {
+                return Some(stop);
+            }
+            if self.waits.open.len() < in_flight_max
+                && self.waits.of_workload(workload) < per_workload
+            {
+                return None;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// The guards checked before each eviction: leadership, the window, pending GPU pods.
+    fn guard(&self) -> Option<Stop> {
+        if !self.ctx.leader.is_leader() {
+            return Some(Stop::LostLeadership);
+        }
+        if Utc::now() >= self.window_end {
+            return Some(Stop::WindowClosed);
+        }
+        let pending = waits::pending_gpu_pods(&self.ctx.pods, &self.policy);
+        (pending > self.policy.max_pending_gpu_pods as usize + self.waits.open.len())
+            .then_some(Stop::PendingPileUp(pending))
+    }
+
+    /// The pod of a move as the cache has it now, with its workload, if it is still where
+    /// the plan saw it, not terminating, and its workload did not bounce in this run.
+    fn still_planned(&self, m: &Move) -> Option<(Arc<Pod>, Workload)> {
+        let (ns, pod_name) = m.pod.split_once('/')?;
+        let current = self
+            .ctx
+            .pods
+            .state()
+            .into_iter()
+            .find(|p| p.namespace().as_deref() == Some(ns) && p.name_any() == pod_name)?;
+        if pod_node(&current) != Some(m.from_node.as_str())
+            || current.metadata.deletion_timestamp.is_some()
+        {
+            return None;
+        }
+        let owner = controller_of(&current)?;
+        (!self.waits.backed_off.contains(&owner)).then_some((current, owner))
+    }
+
+    /// Evicts one pod: counted in the record before it is asked for, settled by the
+    /// answer; an accepted eviction is waited on.
+    async fn evict(&mut self, m: &Move, pod: &Pod, owner: Workload) -> Result<(), Error> {
+        let known = Wait::known(&self.ctx.pods, pod, &owner);
+        let before = self.rec.clone();
+        outcome::count_eviction(&mut self.rec, m);
+        self.write().await?;
+        let result = self.evictor.evict(m, pod).await;
+        outcome::account(&mut self.rec, before, &result);
+        match result {
+            EvictionResult::Evicted => self.waits.open.push(Wait::new(&m.pod, pod, owner, known)),
+            _ => self.write().await?,
+        }
+        Ok(())
+    }
+
+    /// Waits for the replacements still pending (a stall ends the wait).
+    async fn finish_in_flight(&mut self, stop: &mut Option<Stop>) {
+        while !self.waits.open.is_empty() {
+            if let Err(s) = self.settle() {
+                stop.get_or_insert(s);
+                break;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Measures the result and records it in `lastRuns`, metrics and an event.
+    async fn record_end(mut self, stop: Option<Stop>) -> Result<(), Error> {
+        let after = frag::report(&self.ctx.cluster(Some(Utc::now())), &self.policy);
+        let rec = &mut self.rec;
+        rec.fragment_rate_after = Some(after.fragment_rate);
+        rec.fully_free_gpus_after = Some(after.fully_free_gpus as i64);
+        rec.finished_at = Some(ts(Utc::now()));
+        let (result, why) = outcome::result_of(stop.as_ref(), rec);
+        rec.result = result.as_str().into();
+        rec.message = outcome::message(&why, self.cut.as_deref(), rec);
+        let last = outcome::last_runs(rec, &self.last_runs);
+        write_runs(&self.ctx, &self.name, None, &last).await?;
+        self.ctx.metrics.run_finished(
+            &self.name,
+            result.as_str(),
+            self.started.elapsed().as_secs_f64(),
+        );
+        let type_ = if result == RunResult::Succeeded {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        };
+        let note = format!(
+            "run {}: {}",
+            self.rec.id,
+            status::truncate(&self.rec.message, 900)
+        );
+        self.ctx
+            .event(&self.dp, type_, EventReason::RunFinished, note, None)
+            .await;
+        info!(policy = %self.name, run = %self.rec.id, result = result.as_str(), "run finished");
+        Ok(())
+    }
+}

@@ -1,0 +1,250 @@
+//! A run's bookkeeping and result, pure: what an eviction does to the run's record, why a
+//! run stopped, its result and message, and the list of last runs.
+use gpu_defrag_api::v1alpha1::RunRecord;
+use gpu_defrag_api::values::RunResult;
+use gpu_defrag_core::plan::Move;
+
+use crate::status::MAX_LAST_RUNS;
+
+/// Why a run stopped before its plan was done.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Stop {
+    /// The window closed.
+    WindowClosed,
+    /// A replacement was not Ready in time (the message says which).
+    Stalled(String),
+    /// More GPU pods pending than `safety.maxPendingGpuPods` (how many).
+    PendingPileUp(usize),
+    /// Another replica became leader.
+    LostLeadership,
+}
+
+/// What the API server answered to one eviction.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EvictionResult {
+    /// Accepted: the pod is being evicted.
+    Evicted,
+    /// Refused with 429, a PodDisruptionBudget (the server's message).
+    Blocked(String),
+    /// The pod is gone already (404).
+    Gone,
+    /// Refused otherwise (the error).
+    Refused(String),
+    /// No answer (the connection broke, the server went away, the request timed out): it
+    /// may have happened (the error).
+    Unanswered(String),
+}
+
+impl EvictionResult {
+    /// Whether the API server answered, so the eviction surely did not happen unless it
+    /// says `Evicted`.
+    pub fn answered(&self) -> bool {
+        !matches!(
+            self,
+            EvictionResult::Evicted | EvictionResult::Unanswered(_)
+        )
+    }
+
+    /// The `result` label of `gpu_defrag_evictions_total` (none for a pod already gone).
+    pub fn metric(&self) -> Option<&'static str> {
+        match self {
+            EvictionResult::Evicted => Some("done"),
+            EvictionResult::Blocked(_) => Some("blocked"),
+            EvictionResult::Gone => None,
+            EvictionResult::Refused(_) | EvictionResult::Unanswered(_) => Some("failed"),
+        }
+    }
+}
+
+/// Counts an eviction in the record before it is asked for: a crash in between then counts
+/// one eviction too many against the limits, never one too few.
+pub fn count_eviction(rec: &mut RunRecord, m: &Move) {
+    rec.evicted += 1;
+    rec.evicted_pods.push(m.pod.clone());
+    *rec.evicted_per_node.entry(m.from_node.clone()).or_default() += 1;
+}
+
+/// Settles the record once the API server's answer is known. `before` is the record as it
+/// was before [`count_eviction`]: only an answer from the API server says the eviction did
+/// not happen; without one it may have, so the record keeps it (the limits count it and a
+/// resumed run never evicts the pod again).
+pub fn account(rec: &mut RunRecord, before: RunRecord, result: &EvictionResult) {
+    if result.answered() {
+        *rec = before;
+    }
+    match result {
+        EvictionResult::Blocked(_) => rec.blocked += 1,
+        EvictionResult::Refused(_) | EvictionResult::Unanswered(_) => rec.failed += 1,
+        EvictionResult::Evicted | EvictionResult::Gone => {}
+    }
+}
+
+/// The result of a finished run and why.
+pub fn result_of(stop: Option<&Stop>, rec: &RunRecord) -> (RunResult, String) {
+    match stop {
+        Some(Stop::WindowClosed) => (
+            RunResult::WindowClosed,
+            "the window closed; moves in flight were finished".to_string(),
+        ),
+        Some(Stop::Stalled(m)) => (RunResult::Stalled, m.clone()),
+        Some(Stop::PendingPileUp(n)) => (
+            RunResult::Stopped,
+            format!("{n} GPU pods pending (more than safety.maxPendingGpuPods)"),
+        ),
+        Some(Stop::LostLeadership) => (RunResult::Aborted, "lost leadership".to_string()),
+        None if rec.blocked + rec.failed + rec.bounced > 0 => (
+            RunResult::Partial,
+            "some moves were blocked, failed or bounced".to_string(),
+        ),
+        None => (RunResult::Succeeded, "every planned move done".to_string()),
+    }
+}
+
+/// The message of a finished run: why it ended (and why its plan was cut), its counts, and
+/// the fragmentation before and after (the `fragment_rate_after` and
+/// `fully_free_gpus_after` of `rec`).
+pub fn message(why: &str, cut: Option<&str>, rec: &RunRecord) -> String {
+    let why = match cut {
+        Some(cut) => format!("{why}; {cut}"),
+        None => why.to_string(),
+    };
+    format!(
+        "{why}; evicted {}, blocked {}, bounced {}, failed {}; fragment rate {:.3} → {:.3}, fully free GPUs {} → {}",
+        rec.evicted,
+        rec.blocked,
+        rec.bounced,
+        rec.failed,
+        rec.fragment_rate_before,
+        rec.fragment_rate_after.unwrap_or_default(),
+        rec.fully_free_gpus_before,
+        rec.fully_free_gpus_after.unwrap_or_default()
+    )
+}
+
+/// The last runs with `rec` first (a record of the same run is replaced), at most
+/// [`MAX_LAST_RUNS`].
+pub fn last_runs(rec: &RunRecord, previous: &[RunRecord]) -> Vec<RunRecord> {
+    let mut last = vec![rec.clone()];
+    last.extend(
+        previous
+            .iter()
+            .filter(|r| r.id != rec.id)
+            .take(MAX_LAST_RUNS - 1)
+            .cloned(),
+    );
+    last
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mv(pod: &str, node: &str) -> Move {
+        Move {
+            pod: pod.into(),
+            pod_index: 0,
+            from_node: node.into(),
+            from_devices: Vec::new(),
+            to_node: "n2".into(),
+            to_devices: Vec::new(),
+            batch: 0,
+            reason: "test".into(),
+        }
+    }
+
+    #[test]
+    fn an_answered_refusal_is_not_counted_against_the_limits() {
+        let mut rec = RunRecord::default();
+        for (result, evicted, blocked, failed) in [
+            (EvictionResult::Evicted, 1, 0, 0),
+            (EvictionResult::Gone, 0, 0, 0),
+            (EvictionResult::Blocked("pdb".into()), 0, 1, 0),
+            (EvictionResult::Refused("403".into()), 0, 0, 1),
+            // No answer: it may have happened, so it counts (and is never repeated).
+            (EvictionResult::Unanswered("reset".into()), 1, 0, 1),
+        ] {
+            let before = rec.clone();
+            count_eviction(&mut rec, &mv("ns/p", "n1"));
+            account(&mut rec, before.clone(), &result);
+            assert_eq!(
+                (
+                    rec.evicted - before.evicted,
+                    rec.blocked - before.blocked,
+                    rec.failed - before.failed
+                ),
+                (evicted, blocked, failed),
+                "{result:?}"
+            );
+            assert_eq!(
+                rec.evicted_pods.len() as i64,
+                rec.evicted,
+                "names follow the count"
+            );
+            assert_eq!(
+                rec.evicted_per_node.get("n1").copied().unwrap_or(0),
+                rec.evicted
+            );
+        }
+    }
+
+    #[test]
+    fn a_run_ends_with_the_first_reason_to_stop_or_by_its_counts() {
+        let clean = RunRecord::default();
+        let bumpy = RunRecord {
+            bounced: 1,
+            ..Default::default()
+        };
+        assert_eq!(result_of(None, &clean).0, RunResult::Succeeded);
+        assert_eq!(result_of(None, &bumpy).0, RunResult::Partial);
+        let stalled = Stop::Stalled("the replacement of a/b was not Ready within 5s".into());
+        assert_eq!(
+            result_of(Some(&stalled), &bumpy),
+            (
+                RunResult::Stalled,
+                "the replacement of a/b was not Ready within 5s".into()
+            )
+        );
+        assert_eq!(
+            result_of(Some(&Stop::PendingPileUp(7)), &clean).0,
+            RunResult::Stopped
+        );
+        assert_eq!(
+            result_of(Some(&Stop::WindowClosed), &clean).0,
+            RunResult::WindowClosed
+        );
+        assert_eq!(
+            result_of(Some(&Stop::LostLeadership), &clean).0,
+            RunResult::Aborted
+        );
+    }
+
+    #[test]
+    fn the_message_names_the_cut_and_the_counts() {
+        let rec = RunRecord {
+            evicted: 3,
+            blocked: 1,
+            fragment_rate_before: 0.5,
+            fully_free_gpus_before: 2,
+            fragment_rate_after: Some(0.25),
+            fully_free_gpus_after: Some(10),
+            ..Default::default()
+        };
+        let m = message("done", Some("plan cut"), &rec);
+        assert_eq!(
+            m,
+            "done; plan cut; evicted 3, blocked 1, bounced 0, failed 0; fragment rate 0.500 → 0.250, fully free GPUs 2 → 10"
+        );
+    }
+
+    #[test]
+    fn last_runs_keep_the_newest_once_and_at_most_five() {
+        let run = |id: &str| RunRecord {
+            id: id.into(),
+            ..Default::default()
+        };
+        let previous: Vec<RunRecord> = ["r", "a", "b", "c", "d", "e"].map(run).to_vec();
+        let last = last_runs(&run("r"), &previous);
+        let ids: Vec<&str> = last.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids, ["r", "a", "b", "c", "d"]);
+    }
+}

@@ -1,0 +1,181 @@
+//! Waiting for replacements: after an eviction the run waits until a new pod of the same
+//! workload is Ready, checks where it landed (a landing on a fence is a bounce) and stalls
+//! when that takes longer than `rescheduleTimeout`.
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpu_defrag_api::v1alpha1::RunRecord;
+use gpu_defrag_core::ingest;
+use gpu_defrag_core::policy::Policy;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::runtime::reflector::Store;
+use tracing::warn;
+
+use super::fences::Fences;
+use super::outcome::Stop;
+use crate::metrics::Metrics;
+use crate::objects::{controller_of, pod_node, pod_ready};
+
+/// How often waits poll the caches.
+pub const POLL: Duration = Duration::from_millis(500);
+
+/// A workload: `(kind, name)` of a pod's controller, in a namespace.
+pub type Workload = (String, String);
+
+/// An eviction whose replacement the run waits for.
+pub struct Wait {
+    /// `namespace/name` of the evicted pod.
+    pub pod: String,
+    /// Its workload.
+    pub owner: Workload,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its UID.
+    pub evicted_uid: String,
+    /// UIDs of the workload's pods when it was evicted (none of them is the replacement).
+    pub known: HashSet<String>,
+    /// When it was evicted.
+    pub since: tokio::time::Instant,
+}
+
+impl Wait {
+    /// The UIDs of a workload's pods now: taken before its pod is evicted, so that none of
+    /// them is mistaken for the replacement.
+    pub fn known(pods: &Store<Pod>, pod: &Pod, owner: &Workload) -> HashSet<String> {
+        let namespace = pod.namespace().unwrap_or_default();
+        pods_of_owner(pods, &namespace, owner)
+            .iter()
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect()
+    }
+
+    /// A wait for the replacement of `pod` (`key`, of `owner`), evicted now; `known` as
+    /// [`Wait::known`] gave before the eviction.
+    pub fn new(key: &str, pod: &Pod, owner: Workload, known: HashSet<String>) -> Self {
+        Wait {
+            pod: key.to_string(),
+            owner,
+            namespace: pod.namespace().unwrap_or_default(),
+            evicted_uid: pod.metadata.uid.clone().unwrap_or_default(),
+            known,
+            since: tokio::time::Instant::now(),
+        }
+    }
+}
+
+/// The pods of a workload in the cache.
+fn pods_of_owner(pods: &Store<Pod>, ns: &str, owner: &Workload) -> Vec<Arc<Pod>> {
+    pods.state()
+        .into_iter()
+        .filter(|p| {
+            p.namespace().as_deref() == Some(ns) && controller_of(p).as_ref() == Some(owner)
+        })
+        .collect()
+}
+
+/// GPU pods pending in the policy's scope (the `maxPendingGpuPods` guard).
+pub fn pending_gpu_pods(pods: &Store<Pod>, policy: &Policy) -> usize {
+    let pods = pods.state();
+    let objs = ingest::ObjectRefs {
+        pods: pods.iter().map(|p| p.as_ref()).collect(),
+        ..Default::default()
+    };
+    let c = ingest::build_cluster_from(objs, None);
+    c.pods
+        .iter()
+        .filter(|p| {
+            p.is_pending() && p.shape.is_some_and(|s| s.gpus > 0) && policy.scope.covers_pod(p)
+        })
+        .count()
+}
+
+/// The run's waits, and the workloads it stopped moving because a replacement bounced.
+pub struct Waits {
+    /// Evictions whose replacement is not Ready yet.
+    pub open: Vec<Wait>,
+    /// Workloads whose replacement landed on a fence: not moved again in this run.
+    pub backed_off: HashSet<Workload>,
+    /// How long a replacement may take.
+    pub timeout: Duration,
+}
+
+impl Waits {
+    /// No waits yet.
+    pub fn new(timeout: Duration) -> Self {
+        Waits {
+            open: Vec::new(),
+            backed_off: HashSet::new(),
+            timeout,
+        }
+    }
+
+    /// Open waits of one workload.
+    pub fn of_workload(&self, owner: Option<&Workload>) -> usize {
+        self.open.iter().filter(|w| Some(&w.owner) == owner).count()
+    }
+
+    /// Checks the waits: a Ready replacement ends a wait (a bounce if it landed on a
+    /// fence: counted in `rec`, its workload backed off); a wait older than the timeout
+    /// stalls the run.
+    pub fn settle(
+        &mut self,
+        pods: &Store<Pod>,
+        metrics: &Metrics,
+        policy: &str,
+        fences: &Fences,
+        rec: &mut RunRecord,
+    ) -> Result<(), Stop> {
+        let mut stalled = None;
+        let timeout = self.timeout;
+        let backed_off = &mut self.backed_off;
+        self.open.retain(|w| {
+            let candidates = pods_of_owner(pods, &w.namespace, &w.owner);
+            let replacement = candidates.iter().find(|p| {
+                let uid = p.metadata.uid.clone().unwrap_or_default();
+                uid != w.evicted_uid
+                    && !w.known.contains(&uid)
+                    && pod_ready(p)
+                    && p.metadata.deletion_timestamp.is_none()
+            });
+            if let Some(r) = replacement {
+                let node = pod_node(r).unwrap_or_default();
+                if let Some(on_gpu) = fences.hit(node, &hami_devices(r)) {
+                    rec.bounced += 1;
+                    metrics.eviction(policy, "bounced");
+                    backed_off.insert(w.owner.clone());
+                    match on_gpu {
+                        Some(gpu) => warn!(pod = %w.pod, node = %node, gpu = %gpu, "replacement landed on a fenced GPU (does the scheduler read hami.io/device-cordon?)"),
+                        None => warn!(pod = %w.pod, node = %node, "replacement landed on a fenced node"),
+                    }
+                }
+                return false;
+            }
+            if w.since.elapsed() > timeout {
+                stalled = Some(format!(
+                    "the replacement of {} was not Ready within {}s",
+                    w.pod,
+                    timeout.as_secs()
+                ));
+                return false;
+            }
+            true
+        });
+        match stalled {
+            Some(m) => Err(Stop::Stalled(m)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The GPUs a pod's HAMi record names (none when it has no readable record).
+fn hami_devices(pod: &Pod) -> Vec<String> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ingest::HAMI_POD_ALLOCATED))
+        .and_then(|v| gpu_defrag_core::formats::parse_hami_pod_devices(v).ok())
+        .map(|c| c.into_iter().flatten().map(|d| d.uuid).collect())
+        .unwrap_or_default()
+}
