@@ -47,8 +47,7 @@ use crate::{
 pub const FIELD_MANAGER: &str = "gpu-defrag-e2e";
 /// Annotation that puts a node under kwok's management.
 pub const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
-/// Extended resource name of NVIDIA GPUs.
-pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+pub use crate::fixtures::GPU_RESOURCE;
 /// Label with the GPU model (as published by NVIDIA GPU feature discovery).
 pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
 /// Label on namespaces created by [`TestCluster::namespace`].

@@ -11,8 +11,8 @@ use kube::{
 };
 use serde_json::json;
 
-use crate::cluster::GPU_RESOURCE;
-
+/// Extended resource name of NVIDIA GPUs.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 /// Image of the fake workloads; kwok never pulls it.
 pub const FAKE_IMAGE: &str = "registry.invalid/gpu-defrag/fake-gpu-workload:latest";
 

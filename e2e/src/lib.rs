@@ -22,6 +22,11 @@
 //! Every component runs in its own process group and is killed by group on
 //! [`TestCluster::stop`], on drop, and — for the `static` shared stack — by a reaper process
 //! when the test binary exits.
+//!
+//! Modules, bottom-up (each imports only modules above it in this list, never one that
+//! imports it back): `process`, `pki`, `fixtures` (building blocks: workloads, polling) →
+//! `cluster` (the control plane) → `shared` (one stack per test binary), `operator` (the
+//! operator as a process) → `case` (a test case: namespace, policy, operator).
 #![forbid(unsafe_code)]
 
 pub mod case;
