@@ -16,8 +16,9 @@ trap 'rm -rf "$TMP"' EXIT
 echo "building (release)…" >&2
 cargo build --release -q -p gpu-defrag-sim
 
-num() { # num KEY FILE: a number from pretty JSON
-  sed -n "s/^ *\"$1\": \([-0-9.e]*\),\{0,1\}$/\1/p" "$2" | head -1
+command -v jq >/dev/null || { echo "make bench needs jq (Debian: apt-get install jq)" >&2; exit 1; }
+num() { # num PATH FILE: a number of a JSON file (jq path, e.g. .planMillis); empty if absent
+  jq -r "$1 // empty" "$2"
 }
 fmt() { # fmt DECIMALS VALUE: a rounded figure (empty stays empty)
   if [[ -z "$2" ]]; then return; fi
@@ -50,14 +51,14 @@ fi
 echo "scale (planner on 10k nodes, 80k GPUs, 200k pods)…" >&2
 "$BIN" scale --nodes 10000 --gpus-per-node 8 --pods 200000 -o json >"$TMP/scale.json"
 
-LOAD_S=$(num loadSeconds "$TMP/report.json")
-PARSE_S=$(num parseSeconds "$TMP/report.json")
-NORM_S=$(num normaliseSeconds "$TMP/report.json")
-METRIC_S=$(num metricSeconds "$TMP/report.json")
-PLAN_MS=$(num planMillis "$TMP/scale.json")
-PLAN_CPU_MS=$(num planCpuMillis "$TMP/scale.json")
-LOAD_CPU_S=$(sed -n 's/.*"load": *\([0-9.eE+-]*\).*/\1/p' "$TMP/report.json" | head -1)
-METRIC_CPU_S=$(sed -n 's/.*"metric": *\([0-9.eE+-]*\).*/\1/p' "$TMP/report.json" | head -1)
+LOAD_S=$(num .loadSeconds "$TMP/report.json")
+PARSE_S=$(num .parseSeconds "$TMP/report.json")
+NORM_S=$(num .normaliseSeconds "$TMP/report.json")
+METRIC_S=$(num .metricSeconds "$TMP/report.json")
+PLAN_MS=$(num .planMillis "$TMP/scale.json")
+PLAN_CPU_MS=$(num .planCpuMillis "$TMP/scale.json")
+LOAD_CPU_S=$(num .cpuSeconds.load "$TMP/report.json")
+METRIC_CPU_S=$(num .cpuSeconds.metric "$TMP/report.json")
 
 {
   cat <<EOF

@@ -5,6 +5,7 @@
 # and leaves it running at the end (make cluster-down stops it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+command -v jq >/dev/null || { echo "make demo needs jq (Debian: apt-get install jq)" >&2; exit 1; }
 root=$PWD
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
@@ -41,10 +42,7 @@ trap 'kill $op 2>/dev/null || true' EXIT
 
 step "Applying a DryRun DefragPolicy (config/samples/demo.yaml)"
 kubectl apply -f config/samples/demo.yaml
-for _ in $(seq 60); do
-  [ -n "$(kubectl get dfp demo -o jsonpath='{.status.plan.totalMoves}' 2>/dev/null)" ] && break
-  sleep 1
-done
+kubectl wait dfp/demo --for=jsonpath='{.status.plan.totalMoves}' --timeout=60s >/dev/null || true
 kubectl get dfp demo
 echo
 echo "planned moves (first 8 of $(kubectl get dfp demo -o jsonpath='{.status.plan.totalMoves}')), checked server-side with dryRun=All:"
@@ -56,16 +54,9 @@ before_rate=$(kubectl get dfp demo -o jsonpath='{.status.fragmentation.fragmentR
 step "Switching to Enforce with a maintenance window open now"
 start=$(date +%s)
 kubectl patch dfp demo --type merge -p '{"spec":{"mode":"Enforce","windows":[{"schedule":"* * * * *","duration":"1h","timeZone":"UTC"}]}}'
-result=""
-for _ in $(seq 240); do
-  result=$(kubectl get dfp demo -o jsonpath='{.status.lastRuns[0].result}' 2>/dev/null || true)
-  [ -n "$result" ] && break
-  sleep 1
-done
-for _ in $(seq 60); do
-  [ "$(kubectl -n "$ns" get pods -l app=train-8gpu -o jsonpath='{.items[0].status.phase}')" = Running ] && break
-  sleep 1
-done
+kubectl wait dfp/demo --for=jsonpath='{.status.lastRuns[0].result}' --timeout=240s >/dev/null || true
+result=$(kubectl get dfp demo -o jsonpath='{.status.lastRuns[0].result}' 2>/dev/null || true)
+kubectl -n "$ns" wait pod -l app=train-8gpu --for=jsonpath='{.status.phase}'=Running --timeout=60s >/dev/null || true
 elapsed=$(( $(date +%s) - start ))
 
 step "Result"
@@ -74,8 +65,8 @@ kubectl get dfp demo -o jsonpath='{.status.lastRuns[0].message}{"\n"}'
 echo
 target/release/gpu-defrag report --policy config/samples/demo.yaml | sed -n '1,3p;9,20p'
 after_json=$(target/release/gpu-defrag report --policy config/samples/demo.yaml -o json)
-after_free=$(echo "$after_json" | python3 -c 'import json,sys; print(json.load(sys.stdin)["fullyFreeNodes"])')
-after_rate=$(echo "$after_json" | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["fragmentRate"], 3))')
+after_free=$(jq -r .fullyFreeNodes <<<"$after_json")
+after_rate=$(jq -r '.fragmentRate * 1000 | round / 1000' <<<"$after_json")
 train_node=$(kubectl -n "$ns" get pods -l app=train-8gpu -o jsonpath='{.items[0].spec.nodeName}')
 kubectl -n "$ns" get pods -l app=train-8gpu -o wide
 ready=$(kubectl -n "$ns" get deploy -l demo=fragmented -o jsonpath='{range .items[*]}{.status.readyReplicas}{"\n"}{end}' | grep -c '^1$' || true)
