@@ -1,24 +1,30 @@
-//! A tiny HTTP/1.1 server for `/metrics`, `/healthz` and `/readyz`.
+//! The HTTP/1.1 server of `/metrics`, `/healthz` and `/readyz` (hyper).
 //!
 //! ```text
-//!   [TcpListener] --accept--> one task per connection:
-//!       read head (≤ 8 KiB, 5s) -> route -> write response (10s) -> close
+//!   [TcpListener] --accept (at most 64 at once)--> one task per connection:
+//!       hyper: read head (≤ 8 KiB, 5s) -> route -> write response (10s) -> close
+//!       -> discard what the client still sends (≤ 64 KiB, 1s)
 //! ```
 //!
-//! No web framework: one request per connection, `Connection: close`, GET and HEAD only, no
-//! request bodies. Bad input gets a 4xx and the connection is closed; nothing a client sends
-//! can panic the server or stop it accepting others.
-use std::future::poll_fn;
+//! One request per connection, `Connection: close`, GET and HEAD only, request bodies
+//! ignored. A request hyper cannot parse gets its 400 or 431 (without a body); a head not
+//! complete within 5 s, or cut short by the client, closes the connection. Nothing a client
+//! sends can panic the server or stop it accepting others.
+use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tokio::io::AsyncWrite;
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{ALLOW, CONNECTION, CONTENT_TYPE, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 
 use crate::metrics::Metrics;
 
@@ -26,7 +32,7 @@ use crate::metrics::Metrics;
 pub const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Largest request head (request line and headers) accepted.
+/// Largest request head (request line and headers) accepted (hyper's smallest read buffer).
 const MAX_HEAD: usize = 8 * 1024;
 /// Time a client has to send its request head.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
@@ -71,7 +77,7 @@ async fn serve_listener(
         };
         let (metrics, ready) = (metrics.clone(), ready.clone());
         tokio::spawn(async move {
-            if let Err(error) = handle(stream, &metrics, &ready).await {
+            if let Err(error) = handle(stream, metrics, ready).await {
                 tracing::debug!(%error, "http connection");
             }
             drop(permit);
@@ -79,91 +85,44 @@ async fn serve_listener(
     }
 }
 
-/// A response to write.
-#[derive(Debug, PartialEq)]
-struct Response {
-    status: u16,
-    content_type: &'static str,
-    body: String,
-    /// Extra header lines, each ending in CRLF.
-    extra: &'static str,
-}
-
-const TEXT: &str = "text/plain; charset=utf-8";
-
-impl Response {
-    fn text(status: u16, body: &str) -> Self {
-        Self {
-            status,
-            content_type: TEXT,
-            body: format!("{body}\n"),
-            extra: "",
-        }
-    }
-}
-
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        400 => "Bad Request",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        408 => "Request Timeout",
-        431 => "Request Header Fields Too Large",
-        503 => "Service Unavailable",
-        _ => "Unknown",
-    }
-}
-
-/// How reading the request head ended.
-enum Head {
-    Complete(Vec<u8>),
-    /// The client closed the connection without sending anything.
-    Empty,
-    Truncated,
-    TooLarge,
-}
-
-async fn handle(stream: TcpStream, metrics: &Metrics, ready: &AtomicBool) -> io::Result<()> {
-    let head = match tokio::time::timeout(READ_TIMEOUT, read_head(&stream)).await {
-        Ok(head) => head?,
-        Err(_) => {
-            let r = Response::text(408, "request timeout");
-            return finish(stream, &r, false).await;
-        }
+/// One connection: one request served by hyper, then the connection closed.
+async fn handle(stream: TcpStream, metrics: Metrics, ready: Arc<AtomicBool>) -> io::Result<()> {
+    // A second handle on the socket, to close it properly once hyper is done with it.
+    let stream = stream.into_std()?;
+    let rest = stream.try_clone()?;
+    let io = TokioIo::new(TcpStream::from_std(stream)?);
+    let head_read = Arc::new(Notify::new());
+    let service = {
+        let head_read = head_read.clone();
+        hyper::service::service_fn(move |req: Request<Incoming>| {
+            head_read.notify_one();
+            let response = route(&req, &metrics, &ready);
+            async move { Ok::<_, Infallible>(response) }
+        })
     };
-    let (response, head_only) = match head {
-        Head::Empty => return Ok(()),
-        Head::Truncated => (Response::text(400, "bad request"), false),
-        Head::TooLarge => (Response::text(431, "request head too large"), false),
-        Head::Complete(bytes) => match parse_request_line(&bytes) {
-            Some((method, path)) => (
-                route(method, path, metrics, ready),
-                method.eq_ignore_ascii_case("HEAD"),
-            ),
-            None => (Response::text(400, "bad request"), false),
-        },
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(READ_TIMEOUT)
+        .max_buf_size(MAX_HEAD)
+        .keep_alive(false)
+        .half_close(true)
+        .title_case_headers(true)
+        .auto_date_header(false)
+        .serve_connection(io, service);
+    let served = tokio::select! {
+        biased;
+        served = conn => served.map_err(io::Error::other),
+        () = async {
+            head_read.notified().await;
+            tokio::time::sleep(WRITE_TIMEOUT).await;
+        } => return Err(io::Error::new(io::ErrorKind::TimedOut, "write timeout")),
     };
-    finish(stream, &response, head_only).await
-}
-
-/// Writes the response within the write timeout and closes the connection.
-async fn finish(mut stream: TcpStream, r: &Response, head_only: bool) -> io::Result<()> {
-    let bytes = render(r, head_only);
-    let result = tokio::time::timeout(WRITE_TIMEOUT, async {
-        write_all(&stream, &bytes).await?;
-        poll_fn(|cx| Pin::new(&mut stream).poll_shutdown(cx)).await
-    })
-    .await;
-    match result {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(e),
-        Err(_) => return Err(io::Error::new(io::ErrorKind::TimedOut, "write timeout")),
-    }
     // Closing with unread input would reset the connection and could destroy the response
-    // before the client reads it: drain what is left for a moment.
-    let _ = tokio::time::timeout(DRAIN_TIMEOUT, drain(&stream)).await;
-    Ok(())
+    // before the client reads it: end the output, then drain what is left for a moment.
+    let _ = rest.shutdown(std::net::Shutdown::Write);
+    let rest = TcpStream::from_std(rest)?;
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, drain(&rest)).await;
+    served
 }
 
 /// Reads and discards input until end of stream or [`MAX_DRAIN`] bytes.
@@ -182,113 +141,56 @@ async fn drain(stream: &TcpStream) -> io::Result<()> {
     Ok(())
 }
 
-fn render(r: &Response, head_only: bool) -> Vec<u8> {
-    let mut out = format!(
-        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n{}\r\n",
-        r.status,
-        reason(r.status),
-        r.content_type,
-        r.body.len(),
-        r.extra,
-    )
-    .into_bytes();
-    if !head_only {
-        out.extend_from_slice(r.body.as_bytes());
-    }
-    out
+const TEXT: &str = "text/plain; charset=utf-8";
+
+/// A response with a body of `content_type`, closing the connection.
+fn response(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(CONNECTION, HeaderValue::from_static("close"));
+    r
 }
 
-async fn read_head(stream: &TcpStream) -> io::Result<Head> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    loop {
-        if let Some(end) = head_end(&buf) {
-            buf.truncate(end);
-            return Ok(Head::Complete(buf));
-        }
-        if buf.len() >= MAX_HEAD {
-            return Ok(Head::TooLarge);
-        }
-        stream.readable().await?;
-        let n = match stream.try_read(&mut chunk) {
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
-        };
-        if n == 0 {
-            return Ok(if buf.is_empty() {
-                Head::Empty
-            } else {
-                Head::Truncated
-            });
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
+fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
+    response(status, TEXT, format!("{body}\n"))
 }
 
-/// The end of the request head: before the first empty line (CRLF or bare LF).
-fn head_end(buf: &[u8]) -> Option<usize> {
-    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n");
-    let lf = buf.windows(2).position(|w| w == b"\n\n");
-    match (crlf, lf) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
-
-async fn write_all(stream: &TcpStream, mut data: &[u8]) -> io::Result<()> {
-    while !data.is_empty() {
-        stream.writable().await?;
-        match stream.try_write(data) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => data = &data[n..],
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-/// Method and path (without query) from `METHOD SP TARGET SP HTTP/1.x`.
-fn parse_request_line(head: &[u8]) -> Option<(&str, &str)> {
-    let line = head.split(|b| *b == b'\n').next()?;
-    let line = std::str::from_utf8(line).ok()?.trim_end_matches('\r');
-    let mut parts = line.split(' ');
-    let (method, target, version) = (parts.next()?, parts.next()?, parts.next()?);
-    if parts.next().is_some()
-        || method.is_empty()
+fn route(req: &Request<Incoming>, metrics: &Metrics, ready: &AtomicBool) -> Response<Full<Bytes>> {
+    let (method, uri) = (req.method().as_str(), req.uri());
+    // A path (`/...`, no scheme or host) and a method of letters.
+    if uri.scheme().is_some()
+        || uri.authority().is_some()
+        || !uri.path().starts_with('/')
         || !method.bytes().all(|b| b.is_ascii_alphabetic())
-        || !target.starts_with('/')
-        || !version.starts_with("HTTP/1.")
     {
-        return None;
+        return text(StatusCode::BAD_REQUEST, "bad request");
     }
-    let path = target.split(['?', '#']).next().unwrap_or(target);
-    Some((method, path))
-}
-
-fn route(method: &str, path: &str, metrics: &Metrics, ready: &AtomicBool) -> Response {
+    let path = uri.path();
     let known = matches!(path, "/metrics" | "/healthz" | "/readyz");
     if !known {
-        return Response::text(404, "not found");
+        return text(StatusCode::NOT_FOUND, "not found");
     }
-    if !(method.eq_ignore_ascii_case("GET") || method.eq_ignore_ascii_case("HEAD")) {
-        return Response {
-            extra: "Allow: GET, HEAD\r\n",
-            ..Response::text(405, "method not allowed")
-        };
+    let head = method.eq_ignore_ascii_case("HEAD");
+    if !(head || method.eq_ignore_ascii_case("GET")) {
+        let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
+        r.headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return r;
     }
-    match path {
-        "/metrics" => Response {
-            status: 200,
-            content_type: OPENMETRICS_CONTENT_TYPE,
-            body: metrics.encode(),
-            extra: "",
-        },
-        "/healthz" => Response::text(200, "ok"),
-        _ if ready.load(Ordering::SeqCst) => Response::text(200, "ok"),
-        _ => Response::text(503, "not ready"),
+    let mut r = match path {
+        "/metrics" => response(StatusCode::OK, OPENMETRICS_CONTENT_TYPE, metrics.encode()),
+        "/healthz" => text(StatusCode::OK, "ok"),
+        _ if ready.load(Ordering::SeqCst) => text(StatusCode::OK, "ok"),
+        _ => text(StatusCode::SERVICE_UNAVAILABLE, "not ready"),
+    };
+    // hyper leaves out the body of a HEAD (keeping its length); other spellings of HEAD get
+    // no body either.
+    if head && req.method() != hyper::Method::HEAD {
+        *r.body_mut() = Full::default();
     }
+    r
 }
 
 #[cfg(test)]
@@ -414,17 +316,24 @@ mod tests {
         drop(idle);
     }
 
-    #[test]
-    fn request_line_parsing() {
-        assert_eq!(
-            parse_request_line(b"GET /metrics?x=1 HTTP/1.1\r\nHost: a"),
-            Some(("GET", "/metrics"))
-        );
-        assert_eq!(parse_request_line(b"GET / HTTP/1.0"), Some(("GET", "/")));
-        assert_eq!(parse_request_line(b""), None);
-        assert_eq!(parse_request_line(b"G-T / HTTP/1.1"), None);
-        assert_eq!(head_end(b"GET / HTTP/1.1\n\nrest"), Some(14));
-        assert_eq!(head_end(b"GET / HTTP/1.1\r\n\r\n"), Some(14));
-        assert_eq!(head_end(b"GET / HTTP/1.1\r\n"), None);
+    #[tokio::test]
+    async fn request_line_parsing() {
+        let (addr, _) = start().await;
+        // The query is not part of the path; HTTP/1.0 is understood.
+        let r = raw(addr, b"GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        assert_eq!(status(&r), "200");
+        assert_eq!(status(&raw(addr, b"GET / HTTP/1.0\r\n\r\n").await), "404");
+        // Nothing sent, nothing answered.
+        assert_eq!(raw(addr, b"").await, "");
+        // A method is letters only.
+        assert_eq!(status(&raw(addr, b"G-T / HTTP/1.1\r\n\r\n").await), "400");
+        // The head ends before the first empty line (CRLF or bare LF); an unfinished head is
+        // not served.
+        let r = raw(addr, b"GET /healthz HTTP/1.1\n\nrest").await;
+        assert_eq!(status(&r), "200");
+        let r = raw(addr, b"GET /healthz HTTP/1.1\r\n\r\n").await;
+        assert_eq!(status(&r), "200");
+        let r = raw(addr, b"GET /healthz HTTP/1.1\r\n").await;
+        assert_ne!(status(&r), "200", "{r}");
     }
 }
