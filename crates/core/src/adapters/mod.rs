@@ -26,7 +26,7 @@ mod volcano_share;
 mod volcano_vgpu;
 
 pub use aliyun::{ALIYUN_GPU_COUNT, ALIYUN_GPU_MEM, ALIYUN_MEM_IDX};
-pub use hami::{HAMI_NODE_REGISTER, HAMI_POD_ALLOCATED};
+pub use hami::{HAMI_NODE_REGISTER, HAMI_POD_ALLOCATED, hami_pod_gpus};
 pub use kai::{KAI_FRACTION, KAI_GROUP, KAI_RESERVATION_NS};
 pub use koord::{KOORD_DEVICE_ALLOCATED, KOORD_GPU_CORE};
 pub(crate) use mig::read_pools as read_mig_pools;
