@@ -121,9 +121,18 @@ fn build_node(
             effect: t.effect,
         })
         .collect();
-    let q = |n: &str, f: fn(&str) -> Result<u64, FormatError>| {
-        alloc_quantity(node, n).and_then(|v| f(v).ok()).unwrap_or(0)
+    // Unreadable cpu, memory or pods count as 0 and mark the node (see below).
+    let mut unreadable: Option<String> = None;
+    let mut q = |n: &str, f: fn(&str) -> Result<u64, FormatError>| match alloc_quantity(node, n) {
+        None => 0,
+        Some(v) => f(v).unwrap_or_else(|e| {
+            unreadable.get_or_insert_with(|| format!("allocatable {n}: {e}"));
+            0
+        }),
     };
+    let cpu_alloc = q("cpu", formats::quantity_to_milli);
+    let mem_alloc = q("memory", formats::quantity_to_bytes);
+    let pods_alloc = q("pods", formats::quantity_to_count);
     let label_model = labels.get(GPU_PRODUCT_LABEL).cloned();
     let label_mem = labels
         .get(GPU_MEMORY_LABEL)
@@ -138,9 +147,9 @@ fn build_node(
         scheme: Scheme::Plain,
         granularity: Granularity::Node,
         gpus: Vec::new(),
-        cpu_alloc: q("cpu", formats::quantity_to_milli),
-        mem_alloc: q("memory", formats::quantity_to_bytes),
-        pods_alloc: q("pods", formats::quantity_to_count),
+        cpu_alloc,
+        mem_alloc,
+        pods_alloc,
         cpu_used: 0,
         mem_used: 0,
         pods_used: 0,
@@ -166,7 +175,9 @@ fn build_node(
         }
         a.read_node(&input, &mut n, &mut ctx);
     }
-    if let Some(e) = &ctx.inventory_error {
+    // A node whose inventory cannot be read is neither drained nor given pods. An unreadable
+    // cpu, memory or pod count leaves its GPU records readable: only the node is marked.
+    if let Some(e) = ctx.inventory_error.as_ref().or(unreadable.as_ref()) {
         n.inconsistent = Some(format!("node inventory unreadable: {e}"));
     }
     (n, ctx)
@@ -429,7 +440,10 @@ pub fn build_cluster_from(objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) -> C
         pod.gang = index.gang(&pod.namespace, &pod.labels, annotations);
         let node = pod.node.map(|i| (&nodes[i], &ctxs[i]));
         let active = pod.is_active_bound() && pod.node.is_some();
-        let resolved = if let Some(e) = node.and_then(|(_, c)| c.inventory_error.clone()) {
+        // A pod whose requests cannot be read is unknown, whatever its records say.
+        let resolved = if let Some(bad) = req.unreadable() {
+            unknown(UnknownReason::BadQuantity(bad.to_string()))
+        } else if let Some(e) = node.and_then(|(_, c)| c.inventory_error.clone()) {
             if active && (req.has_shared() || req.has(NVIDIA_GPU) || !annotations.is_empty()) {
                 unknown(UnknownReason::NodeInventory(e))
             } else {

@@ -57,7 +57,7 @@ impl Adapter for Aliyun {
                     a.pod_mem
                 )));
             }
-            Err(e) => return unknown(UnknownReason::Malformed(e.to_string())),
+            Err(r) => return unknown(r),
         }
         if let Some(card) = ctx.card_mem
             && card != a.dev_mem

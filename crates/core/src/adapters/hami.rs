@@ -6,8 +6,8 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1 as corev1;
 
 use super::{
-    Adapter, NVIDIA_GPU, NodeCtx, NodeInput, PodInput, Resolved, device_list, devices, trunc,
-    unknown,
+    Adapter, NVIDIA_GPU, NodeCtx, NodeInput, PodInput, Resolved, count, device_list, devices,
+    trunc, unknown,
 };
 use crate::formats::{self, FormatError, HamiNodeDevice};
 use crate::model::*;
@@ -146,12 +146,10 @@ pub(super) fn resolve_vgpu(
             .per_container
             .get(i)
             .and_then(|c| c.get(count_res))
-            .map(|q| formats::quantity_to_count(q));
+            .map(|q| count(count_res, q));
         let want = match want {
             Some(Ok(w)) => w,
-            Some(Err(e)) => {
-                return unknown(UnknownReason::Malformed(format!("{count_res}: {e}")));
-            }
+            Some(Err(r)) => return unknown(r),
             None => 0,
         };
         if slot.len() as u64 != want {

@@ -141,7 +141,7 @@ impl Adapter for Koordinator {
                         "record gives gpu-core {core_sum}, pod requests {want}"
                     )));
                 }
-                Err(e) => return unknown(UnknownReason::Malformed(e.to_string())),
+                Err(r) => return unknown(r),
             }
         } else if req.has(NVIDIA_GPU) {
             match req.total(NVIDIA_GPU) {
@@ -152,7 +152,7 @@ impl Adapter for Koordinator {
                         allocs.len()
                     )));
                 }
-                Err(e) => return unknown(UnknownReason::Malformed(e.to_string())),
+                Err(r) => return unknown(r),
             }
         }
         devices(devs, Scheme::Koordinator)

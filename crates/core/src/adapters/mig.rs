@@ -2,8 +2,10 @@
 //! of those resources on the pod. Reported per profile, apart from the milli metric.
 use std::collections::BTreeMap;
 
-use super::{Adapter, NVIDIA_GPU, NodeCtx, NodeInput, PodInput, Requests, Resolved, unknown};
-use crate::formats::{self, FormatError};
+use super::{
+    Adapter, NVIDIA_GPU, NodeCtx, NodeInput, PodInput, Requests, Resolved, count, unknown,
+};
+use crate::formats;
 use crate::model::*;
 
 /// MIG instances (mixed strategy).
@@ -20,11 +22,11 @@ impl Adapter for Mig {
     fn resolve_pod(&self, pod: &PodInput<'_>, _node: Option<(&Node, &NodeCtx)>) -> Resolved {
         let mig = match instances(pod.req) {
             Ok(m) => m,
-            Err(e) => return unknown(UnknownReason::Malformed(e.to_string())),
+            Err(r) => return unknown(r),
         };
         let whole = match pod.req.total(NVIDIA_GPU) {
             Ok(w) => w,
-            Err(e) => return unknown(UnknownReason::Malformed(format!("{NVIDIA_GPU}: {e}"))),
+            Err(r) => return unknown(r),
         };
         if whole > 0 {
             return unknown(UnknownReason::DisagreesWithRequest(
@@ -36,12 +38,12 @@ impl Adapter for Mig {
 }
 
 /// The MIG instances a pod asks for, per profile (profiles asked 0 times left out).
-fn instances(req: &Requests) -> Result<Vec<(String, u64)>, FormatError> {
+fn instances(req: &Requests) -> Result<Vec<(String, u64)>, UnknownReason> {
     let mut out: BTreeMap<String, u64> = BTreeMap::new();
     for c in &req.per_container {
         for (k, q) in c {
             if let Some(p) = formats::parse_mig_resource(k) {
-                let n = formats::quantity_to_count(q)?;
+                let n = count(k, q)?;
                 *out.entry(p.name()).or_default() += n;
             }
         }

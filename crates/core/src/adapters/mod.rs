@@ -174,6 +174,8 @@ pub(crate) struct Requests {
     pub cpu: u64,
     /// Memory, bytes.
     pub mem: u64,
+    /// The first request or limit that is not a quantity, described.
+    bad: Option<String>,
 }
 
 impl Requests {
@@ -183,6 +185,7 @@ impl Requests {
         let mut cpu = 0u64;
         let mut mem = 0u64;
         for c in &spec.containers {
+            r.check(c, "container");
             let mut m = BTreeMap::new();
             if let Some(res) = &c.resources {
                 // Extended resources must have requests == limits; take limits, then requests.
@@ -208,6 +211,7 @@ impl Requests {
             r.per_container.push(m);
         }
         for c in spec.init_containers.iter().flatten() {
+            r.check(c, "init container");
             if let Some(req) = c
                 .resources
                 .as_ref()
@@ -230,12 +234,46 @@ impl Requests {
         r
     }
 
-    /// The count of `name` summed over the containers.
-    pub fn total(&self, name: &str) -> Result<u64, FormatError> {
+    /// Records the first request or limit of `c` that is not a quantity (`cpu` must read as
+    /// milli-CPU, `memory` as bytes), unless one was recorded already.
+    fn check(&mut self, c: &corev1::Container, what: &str) {
+        if self.bad.is_some() {
+            return;
+        }
+        let Some(res) = &c.resources else { return };
+        for (section, list) in [("requests", &res.requests), ("limits", &res.limits)] {
+            for (k, v) in list.iter().flatten() {
+                let read = match k.as_str() {
+                    "cpu" => formats::quantity_to_milli(&v.0).map(drop),
+                    "memory" => formats::quantity_to_bytes(&v.0).map(drop),
+                    _ => formats::quantity::parse_milli(formats::keys::QUANTITY, &v.0, true)
+                        .map(drop),
+                };
+                if let Err(e) = read {
+                    self.bad = Some(format!(
+                        "{what} {}: {section}.{}: {e}",
+                        trunc(&c.name),
+                        trunc(k)
+                    ));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Why the pod's requests cannot be read: its first request or limit that is not a
+    /// quantity.
+    pub fn unreadable(&self) -> Option<&str> {
+        self.bad.as_deref()
+    }
+
+    /// The count of `name` summed over the containers; [`UnknownReason::BadQuantity`] when
+    /// one is not a whole number.
+    pub fn total(&self, name: &str) -> Result<u64, UnknownReason> {
         let mut sum = 0u64;
         for c in &self.per_container {
             if let Some(q) = c.get(name) {
-                sum = sum.saturating_add(formats::quantity_to_count(q)?);
+                sum = sum.saturating_add(count(name, q)?);
             }
         }
         Ok(sum)
@@ -253,6 +291,13 @@ impl Requests {
             .flat_map(|a| a.share_resources())
             .any(|r| self.has(r))
     }
+}
+
+/// The count `q` of resource `name`; [`UnknownReason::BadQuantity`] when it is not a whole
+/// number.
+fn count(name: &str, q: &str) -> Result<u64, UnknownReason> {
+    formats::quantity_to_count(q)
+        .map_err(|e| UnknownReason::BadQuantity(format!("{}: {e}", trunc(name))))
 }
 
 /// A pod's allocation, before it is applied to its node.

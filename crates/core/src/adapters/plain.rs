@@ -35,7 +35,7 @@ impl Adapter for Plain {
     fn resolve_pod(&self, pod: &PodInput<'_>, node: Option<(&Node, &NodeCtx)>) -> Resolved {
         let whole = match pod.req.total(NVIDIA_GPU) {
             Ok(w) => w,
-            Err(e) => return unknown(UnknownReason::Malformed(format!("{NVIDIA_GPU}: {e}"))),
+            Err(r) => return unknown(r),
         };
         if whole == 0 {
             return Resolved::Use(GpuUse::None, None, None);

@@ -15,26 +15,31 @@ impl Adapter for UnrecordedShare {
         pod.req.has_shared()
     }
     fn resolve_pod(&self, pod: &PodInput<'_>, node: Option<(&Node, &NodeCtx)>) -> Resolved {
-        if node.is_none() {
-            return Resolved::Use(GpuUse::None, pending_shape(pod.req), None);
+        if node.is_some() {
+            return unknown(UnknownReason::MissingRecord);
         }
-        unknown(UnknownReason::MissingRecord)
+        match pending_shape(pod.req) {
+            Ok(shape) => Resolved::Use(GpuUse::None, Some(shape), None),
+            Err(r) => unknown(r),
+        }
     }
 }
 
 /// Shape of a pending pod that asks for a share (no device chosen yet).
-fn pending_shape(req: &Requests) -> Option<GpuShape> {
-    let pct = |name: &str| req.total(name).ok().filter(|v| *v > 0);
-    let milli = pct(KOORD_GPU_CORE)
-        .or(pct("koordinator.sh/gpu-memory-ratio"))
-        .or(pct("nvidia.com/gpucores"))
-        .or(pct("nvidia.com/gpumem-percentage"))
-        .or(pct("volcano.sh/vgpu-cores"))
+fn pending_shape(req: &Requests) -> Result<GpuShape, UnknownReason> {
+    let pct = |name: &str| -> Result<Option<u64>, UnknownReason> {
+        Ok(Some(req.total(name)?).filter(|v| *v > 0))
+    };
+    let milli = pct(KOORD_GPU_CORE)?
+        .or(pct("koordinator.sh/gpu-memory-ratio")?)
+        .or(pct("nvidia.com/gpucores")?)
+        .or(pct("nvidia.com/gpumem-percentage")?)
+        .or(pct("volcano.sh/vgpu-cores")?)
         .map(|p| (p.min(100) * 10) as Milli);
-    let gpus = pct(NVIDIA_GPU)
-        .or(pct("volcano.sh/vgpu-number"))
+    let gpus = pct(NVIDIA_GPU)?
+        .or(pct("volcano.sh/vgpu-number")?)
         .unwrap_or(1);
-    Some(GpuShape {
+    Ok(GpuShape {
         gpus: u32::try_from(gpus).unwrap_or(1),
         milli: milli.unwrap_or(GPU_MILLI),
     })

@@ -45,7 +45,10 @@ impl Adapter for VolcanoShare {
             Ok(i) => i,
             Err(e) => return unknown(UnknownReason::Malformed(e.to_string())),
         };
-        let number = pod.req.total(VOLCANO_GPU_NUMBER).unwrap_or(0);
+        let number = match pod.req.total(VOLCANO_GPU_NUMBER) {
+            Ok(n) => n,
+            Err(r) => return unknown(r),
+        };
         let mem = pod.req.total(VOLCANO_GPU_MEMORY);
         let mut devs = Vec::new();
         for i in &idx {
@@ -64,7 +67,7 @@ impl Adapter for VolcanoShare {
                             Err(e) => return unknown(UnknownReason::Malformed(e.to_string())),
                         }
                     }
-                    (Err(e), _) => return unknown(UnknownReason::Malformed(e.to_string())),
+                    (Err(r), _) => return unknown(r.clone()),
                     _ => {
                         return unknown(UnknownReason::DisagreesWithRequest(
                             "gpu-index record without a volcano.sh/gpu-memory or gpu-number request".into(),
