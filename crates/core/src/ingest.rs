@@ -1,5 +1,7 @@
-//! From Kubernetes objects to the normalised [`Cluster`]: scheme detection per node and
-//! pod, allocation records read through [`crate::formats`], consistency checks.
+//! From Kubernetes objects to the normalised [`Cluster`]: each node and pod goes to the first
+//! allocation adapter (one per GPU-sharing scheme, in a fixed precedence order) that
+//! recognises it, which reads its records through [`crate::formats`]; then the consistency
+//! checks across pods.
 //!
 //! Rule: a pod whose GPU record is missing, malformed or contradicts its requests, its
 //! node's inventory or other pods' records becomes [`GpuUse::Unknown`]; its node is never
@@ -12,47 +14,19 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use crate::adapters::{
+    self, ADAPTERS, NodeCtx, NodeInput, PodInput, Requests, Resolved, alloc_quantity, unknown,
+};
 use crate::formats::{self, FormatError};
 use crate::model::*;
 use crate::workload::{self, ControllerKind, ControllerObject, Listed};
 
-/// Resource name of whole NVIDIA GPUs.
-pub const NVIDIA_GPU: &str = "nvidia.com/gpu";
-/// Node label carrying the GPU model.
-pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
-/// Node label carrying per-GPU memory in MiB.
-pub const GPU_MEMORY_LABEL: &str = "nvidia.com/gpu.memory";
-
-/// HAMi node inventory annotation.
-pub const HAMI_NODE_REGISTER: &str = "hami.io/node-nvidia-register";
-/// HAMi pod record.
-pub const HAMI_POD_ALLOCATED: &str = "hami.io/vgpu-devices-allocated";
-/// Volcano vGPU node inventory annotation.
-pub const VOLCANO_NODE_REGISTER: &str = "volcano.sh/node-vgpu-register";
-/// Volcano vGPU pod record.
-pub const VOLCANO_VGPU_IDS: &str = "volcano.sh/vgpu-ids-new";
-/// Koordinator pod record.
-pub const KOORD_DEVICE_ALLOCATED: &str = "scheduling.koordinator.sh/device-allocated";
-/// Koordinator GPU compute resource (100 per GPU).
-pub const KOORD_GPU_CORE: &str = "koordinator.sh/gpu-core";
-/// Volcano gpushare pod record.
-pub const VOLCANO_GPU_INDEX: &str = "volcano.sh/gpu-index";
-/// Volcano gpushare memory resource.
-pub const VOLCANO_GPU_MEMORY: &str = "volcano.sh/gpu-memory";
-/// Volcano gpushare card count resource.
-pub const VOLCANO_GPU_NUMBER: &str = "volcano.sh/gpu-number";
-/// Aliyun gpushare memory resource.
-pub const ALIYUN_GPU_MEM: &str = "aliyun.com/gpu-mem";
-/// Aliyun gpushare card count resource.
-pub const ALIYUN_GPU_COUNT: &str = "aliyun.com/gpu-count";
-/// Aliyun pod record (device index).
-pub const ALIYUN_MEM_IDX: &str = "ALIYUN_COM_GPU_MEM_IDX";
-/// KAI fraction annotation.
-pub const KAI_FRACTION: &str = "gpu-fraction";
-/// KAI group label.
-pub const KAI_GROUP: &str = "runai-gpu-group";
-/// Namespace of KAI's reservation pods.
-pub const KAI_RESERVATION_NS: &str = "kai-resource-reservation";
+pub use crate::adapters::{
+    ALIYUN_GPU_COUNT, ALIYUN_GPU_MEM, ALIYUN_MEM_IDX, GPU_MEMORY_LABEL, GPU_PRODUCT_LABEL,
+    HAMI_NODE_REGISTER, HAMI_POD_ALLOCATED, KAI_FRACTION, KAI_GROUP, KAI_RESERVATION_NS,
+    KOORD_DEVICE_ALLOCATED, KOORD_GPU_CORE, NVIDIA_GPU, VOLCANO_GPU_INDEX, VOLCANO_GPU_MEMORY,
+    VOLCANO_GPU_NUMBER, VOLCANO_NODE_REGISTER, VOLCANO_VGPU_IDS, hami_pod_gpus,
+};
 
 /// Kubernetes' ReplicaSet scale-down cost; gpu-defrag reads it as a move cost.
 pub const POD_DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
@@ -69,36 +43,6 @@ pub const STARTUP_TAINTS: &[&str] = &[
     "node.cluster.x-k8s.io/uninitialized",
     "karpenter.sh/unregistered",
 ];
-/// Resources of the Koordinator device share: a `device-allocated` record counts only
-/// on a pod that requests one of them (or `nvidia.com/gpu`).
-const KOORD_RESOURCES: &[&str] = &[
-    KOORD_GPU_CORE,
-    "koordinator.sh/gpu-memory",
-    "koordinator.sh/gpu-memory-ratio",
-    "koordinator.sh/gpu.shared",
-    "koordinator.sh/gpu",
-    NVIDIA_GPU,
-];
-
-/// Resources that mean "a share of a GPU": a pod asking for any of them must carry a record.
-const SHARED_RESOURCES: &[&str] = &[
-    "nvidia.com/gpumem",
-    "nvidia.com/gpumem-percentage",
-    "nvidia.com/gpucores",
-    KOORD_GPU_CORE,
-    "koordinator.sh/gpu-memory",
-    "koordinator.sh/gpu-memory-ratio",
-    "koordinator.sh/gpu.shared",
-    "koordinator.sh/gpu",
-    VOLCANO_GPU_MEMORY,
-    VOLCANO_GPU_NUMBER,
-    "volcano.sh/vgpu-number",
-    "volcano.sh/vgpu-memory",
-    "volcano.sh/vgpu-cores",
-    "volcano.sh/vgpu-memory-percentage",
-    ALIYUN_GPU_MEM,
-];
-
 /// Annotations copied into the model (the planner reads them).
 const KEPT_ANNOTATIONS: &[&str] = &[
     gpu_defrag_api::DO_NOT_DISRUPT,
@@ -132,129 +76,12 @@ pub struct Objects {
     pub listed: Listed,
 }
 
-/// Per-pod resource requests, summed over containers (init containers: the max).
-#[derive(Debug, Default, Clone)]
-struct Requests {
-    /// Name → per-container quantities (strings), containers in order.
-    per_container: Vec<BTreeMap<String, String>>,
-    cpu: u64,
-    mem: u64,
-}
-
-impl Requests {
-    fn total(&self, name: &str) -> Result<u64, FormatError> {
-        let mut sum = 0u64;
-        for c in &self.per_container {
-            if let Some(q) = c.get(name) {
-                sum = sum.saturating_add(formats::quantity_to_count(q)?);
-            }
-        }
-        Ok(sum)
-    }
-    fn has(&self, name: &str) -> bool {
-        self.per_container.iter().any(|c| c.contains_key(name))
-    }
-    fn has_shared(&self) -> bool {
-        SHARED_RESOURCES.iter().any(|r| self.has(r))
-    }
-    fn mig(&self) -> Result<Vec<(String, u64)>, FormatError> {
-        let mut out: BTreeMap<String, u64> = BTreeMap::new();
-        for c in &self.per_container {
-            for (k, q) in c {
-                if let Some(p) = formats::parse_mig_resource(k) {
-                    let n = formats::quantity_to_count(q)?;
-                    *out.entry(p.name()).or_default() += n;
-                }
-            }
-        }
-        Ok(out.into_iter().filter(|(_, n)| *n > 0).collect())
-    }
-}
-
-fn requests_of(spec: &corev1::PodSpec) -> Requests {
-    let mut r = Requests::default();
-    let mut cpu = 0u64;
-    let mut mem = 0u64;
-    for c in &spec.containers {
-        let mut m = BTreeMap::new();
-        if let Some(res) = &c.resources {
-            // Extended resources must have requests == limits; take limits, then requests.
-            for src in [&res.requests, &res.limits].into_iter().flatten() {
-                for (k, v) in src {
-                    m.insert(k.clone(), v.0.clone());
-                }
-            }
-            let req = res.requests.as_ref().or(res.limits.as_ref());
-            if let Some(req) = req {
-                cpu = cpu.saturating_add(
-                    req.get("cpu")
-                        .and_then(|q| formats::quantity_to_milli(&q.0).ok())
-                        .unwrap_or(0),
-                );
-                mem = mem.saturating_add(
-                    req.get("memory")
-                        .and_then(|q| formats::quantity_to_bytes(&q.0).ok())
-                        .unwrap_or(0),
-                );
-            }
-        }
-        r.per_container.push(m);
-    }
-    for c in spec.init_containers.iter().flatten() {
-        if let Some(req) = c
-            .resources
-            .as_ref()
-            .and_then(|r| r.requests.as_ref().or(r.limits.as_ref()))
-        {
-            cpu = cpu.max(
-                req.get("cpu")
-                    .and_then(|q| formats::quantity_to_milli(&q.0).ok())
-                    .unwrap_or(0),
-            );
-            mem = mem.max(
-                req.get("memory")
-                    .and_then(|q| formats::quantity_to_bytes(&q.0).ok())
-                    .unwrap_or(0),
-            );
-        }
-    }
-    r.cpu = cpu;
-    r.mem = mem;
-    r
-}
-
-/// Node-level facts the pod resolution needs.
-struct NodeCtx {
-    /// Device key (UUID or index string) → index into `gpus`.
-    by_key: HashMap<String, usize>,
-    /// Koordinator minor → index.
-    by_minor: HashMap<u32, usize>,
-    /// Per-card memory for index-only schemes (homogeneous by their own definition).
-    card_mem: Option<u64>,
-    inventory_error: Option<String>,
-}
-
 fn to_chrono(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Option<DateTime<Utc>> {
     let ts = t.0;
     DateTime::from_timestamp(
         ts.as_second(),
         u32::try_from(ts.subsec_nanosecond()).unwrap_or(0),
     )
-}
-
-fn alloc_quantity<'a>(node: &'a corev1::Node, name: &str) -> Option<&'a str> {
-    node.status
-        .as_ref()?
-        .allocatable
-        .as_ref()?
-        .get(name)
-        .map(|q| q.0.as_str())
-}
-
-fn count_of(node: &corev1::Node, name: &str) -> Result<Option<u64>, FormatError> {
-    alloc_quantity(node, name)
-        .map(formats::quantity_to_count)
-        .transpose()
 }
 
 fn build_node(
@@ -264,7 +91,8 @@ fn build_node(
     let meta = &node.metadata;
     let name = meta.name.clone().unwrap_or_default();
     let labels = meta.labels.clone().unwrap_or_default();
-    let annotations = meta.annotations.clone().unwrap_or_default();
+    let empty = BTreeMap::new();
+    let annotations = meta.annotations.as_ref().unwrap_or(&empty);
     let spec = node.spec.clone().unwrap_or_default();
     let status = node.status.as_ref();
     let ready_condition = status
@@ -293,9 +121,18 @@ fn build_node(
             effect: t.effect,
         })
         .collect();
-    let q = |n: &str, f: fn(&str) -> Result<u64, FormatError>| {
-        alloc_quantity(node, n).and_then(|v| f(v).ok()).unwrap_or(0)
+    // Unreadable cpu, memory or pods count as 0 and mark the node (see below).
+    let mut unreadable: Option<String> = None;
+    let mut q = |n: &str, f: fn(&str) -> Result<u64, FormatError>| match alloc_quantity(node, n) {
+        None => 0,
+        Some(v) => f(v).unwrap_or_else(|e| {
+            unreadable.get_or_insert_with(|| format!("allocatable {n}: {e}"));
+            0
+        }),
     };
+    let cpu_alloc = q("cpu", formats::quantity_to_milli);
+    let mem_alloc = q("memory", formats::quantity_to_bytes);
+    let pods_alloc = q("pods", formats::quantity_to_count);
     let label_model = labels.get(GPU_PRODUCT_LABEL).cloned();
     let label_mem = labels
         .get(GPU_MEMORY_LABEL)
@@ -306,13 +143,13 @@ fn build_node(
         taints,
         ready,
         unschedulable: spec.unschedulable.unwrap_or(false),
-        model: label_model.clone(),
+        model: label_model,
         scheme: Scheme::Plain,
         granularity: Granularity::Node,
         gpus: Vec::new(),
-        cpu_alloc: q("cpu", formats::quantity_to_milli),
-        mem_alloc: q("memory", formats::quantity_to_bytes),
-        pods_alloc: q("pods", formats::quantity_to_count),
+        cpu_alloc,
+        mem_alloc,
+        pods_alloc,
         cpu_used: 0,
         mem_used: 0,
         pods_used: 0,
@@ -322,189 +159,25 @@ fn build_node(
         ready_since,
         starting,
     };
-    let mut ctx = NodeCtx {
-        by_key: HashMap::new(),
-        by_minor: HashMap::new(),
-        card_mem: None,
-        inventory_error: None,
+    let mut ctx = NodeCtx::default();
+    let input = NodeInput {
+        obj: node,
+        annotations,
+        koord_devices: koord,
+        label_mem,
     };
-
     // MIG pools (mixed strategy) are reported separately from the milli metric.
-    if let Some(alloc) = status.and_then(|s| s.allocatable.as_ref()) {
-        for (k, v) in alloc {
-            if let Some(p) = formats::parse_mig_resource(k) {
-                match formats::quantity_to_count(&v.0) {
-                    Ok(c) if c > 0 => n.mig.push(MigPool {
-                        profile: p.name(),
-                        capacity: c,
-                        used: 0,
-                    }),
-                    Ok(_) => {}
-                    Err(e) => ctx.inventory_error = Some(format!("allocatable {k}: {e}")),
-                }
-            }
+    adapters::read_mig_pools(&input, &mut n, &mut ctx);
+    // The node's scheme: the first adapter that recognises it.
+    if let Some(a) = ADAPTERS.iter().find(|a| a.claims_node(&input)) {
+        if let Some(s) = a.scheme() {
+            n.scheme = s;
         }
+        a.read_node(&input, &mut n, &mut ctx);
     }
-
-    let whole = |n: &mut Node, count: u64, mem: Option<u64>| {
-        let count = count.min(formats::MAX_DEVICES_PER_NODE as u64);
-        n.gpus = (0..count)
-            .map(|i| Gpu {
-                key: i.to_string(),
-                used: 0,
-                healthy: true,
-                memory_mib: mem,
-            })
-            .collect();
-    };
-
-    let device_list = |n: &mut Node, ctx: &mut NodeCtx, devs: Vec<(String, Option<u64>, bool)>| {
-        n.granularity = Granularity::Device;
-        for (i, (key, mem, healthy)) in devs.into_iter().enumerate() {
-            ctx.by_key.insert(key.clone(), i);
-            n.gpus.push(Gpu {
-                key,
-                used: 0,
-                healthy,
-                memory_mib: mem,
-            });
-        }
-    };
-
-    if let Some(v) = annotations
-        .get(HAMI_NODE_REGISTER)
-        .or(annotations.get(VOLCANO_NODE_REGISTER))
-    {
-        let hami = annotations.contains_key(HAMI_NODE_REGISTER);
-        n.scheme = if hami {
-            Scheme::Hami
-        } else {
-            Scheme::VolcanoVgpu
-        };
-        let parsed = if hami {
-            formats::parse_hami_node_register(v)
-        } else {
-            formats::parse_volcano_node_register(v)
-        };
-        // GPUs cordoned on a HAMi node (by an administrator or another tool) receive no
-        // pod: they are read as unhealthy. Those a run of this operator cordoned stay as
-        // they are (the run is emptying them; its plan counts them as freed).
-        let cordoned: BTreeSet<String> = match annotations.get(crate::fence::HAMI_DEVICE_CORDON) {
-            Some(list) if hami => {
-                let ours: BTreeSet<String> = crate::fence::claims(&annotations)
-                    .unwrap_or_default()
-                    .into_values()
-                    .flatten()
-                    .collect();
-                crate::fence::cordoned(list)
-                    .into_iter()
-                    .filter(|g| !ours.contains(g))
-                    .collect()
-            }
-            _ => BTreeSet::new(),
-        };
-        match parsed {
-            Ok(devs) => {
-                if n.model.is_none() {
-                    n.model = devs.first().map(|d| d.model.clone());
-                }
-                device_list(
-                    &mut n,
-                    &mut ctx,
-                    devs.into_iter()
-                        .map(|d| {
-                            let healthy = d.healthy && !cordoned.contains(&d.id);
-                            (d.id, Some(d.devmem_mib), healthy)
-                        })
-                        .collect(),
-                );
-            }
-            Err(e) => {
-                n.granularity = Granularity::Device;
-                ctx.inventory_error = Some(e.to_string());
-            }
-        }
-    } else if koord.is_some() || alloc_quantity(node, KOORD_GPU_CORE).is_some() {
-        n.scheme = Scheme::Koordinator;
-        n.granularity = Granularity::Device;
-        match koord {
-            Some(Ok(devs)) => {
-                for (i, d) in devs.iter().take(formats::MAX_DEVICES_PER_NODE).enumerate() {
-                    let key = d.uuid.clone().unwrap_or_else(|| d.minor.to_string());
-                    ctx.by_key.insert(key.clone(), i);
-                    ctx.by_minor.insert(d.minor, i);
-                    let mem = d.memory_bytes.map(|b| b / (1024 * 1024)).or(label_mem);
-                    n.gpus.push(Gpu {
-                        key,
-                        used: 0,
-                        healthy: d.healthy,
-                        memory_mib: mem,
-                    });
-                }
-            }
-            Some(Err(e)) => ctx.inventory_error = Some(format!("Device object: {e}")),
-            None => {
-                let count = match count_of(node, KOORD_GPU_CORE) {
-                    Ok(Some(core)) => Ok(core / 100),
-                    Ok(None) => count_of(node, NVIDIA_GPU).map(|c| c.unwrap_or(0)),
-                    Err(e) => Err(e),
-                };
-                match count {
-                    Ok(c) => {
-                        whole(&mut n, c, label_mem);
-                        for i in 0..n.gpus.len() {
-                            ctx.by_minor.insert(i as u32, i);
-                            ctx.by_key.insert(i.to_string(), i);
-                        }
-                    }
-                    Err(e) => {
-                        ctx.inventory_error = Some(format!("allocatable {KOORD_GPU_CORE}: {e}"))
-                    }
-                }
-            }
-        }
-    } else if alloc_quantity(node, VOLCANO_GPU_NUMBER).is_some()
-        || alloc_quantity(node, ALIYUN_GPU_MEM).is_some()
-    {
-        let volcano = alloc_quantity(node, VOLCANO_GPU_NUMBER).is_some();
-        n.scheme = if volcano {
-            Scheme::VolcanoShare
-        } else {
-            Scheme::Aliyun
-        };
-        n.granularity = Granularity::Device;
-        let (count_res, mem_res) = if volcano {
-            (VOLCANO_GPU_NUMBER, VOLCANO_GPU_MEMORY)
-        } else {
-            (ALIYUN_GPU_COUNT, ALIYUN_GPU_MEM)
-        };
-        let count = count_of(node, count_res).and_then(|c| match c {
-            Some(c) => Ok(c),
-            None => count_of(node, NVIDIA_GPU).map(|c| c.unwrap_or(0)),
-        });
-        let mem = count_of(node, mem_res);
-        match (count, mem) {
-            (Ok(count), Ok(mem)) if count > 0 => {
-                // Both schemes assume homogeneous cards: per-card memory = total / count.
-                let card = mem.map(|m| m / count);
-                ctx.card_mem = card;
-                whole(&mut n, count, None);
-                for i in 0..n.gpus.len() {
-                    ctx.by_key.insert(i.to_string(), i);
-                }
-            }
-            (Ok(_), Ok(_)) => {}
-            (Err(e), _) | (_, Err(e)) => {
-                ctx.inventory_error = Some(format!("allocatable {count_res}/{mem_res}: {e}"))
-            }
-        }
-    } else {
-        match count_of(node, NVIDIA_GPU) {
-            Ok(c) => whole(&mut n, c.unwrap_or(0), label_mem),
-            Err(e) => ctx.inventory_error = Some(format!("allocatable {NVIDIA_GPU}: {e}")),
-        }
-    }
-    if let Some(e) = &ctx.inventory_error {
+    // A node whose inventory cannot be read is neither drained nor given pods. An unreadable
+    // cpu, memory or pod count leaves its GPU records readable: only the node is marked.
+    if let Some(e) = ctx.inventory_error.as_ref().or(unreadable.as_ref()) {
         n.inconsistent = Some(format!("node inventory unreadable: {e}"));
     }
     (n, ctx)
@@ -587,7 +260,7 @@ fn base_pod(p: &corev1::Pod, nodes: &[Node]) -> (Pod, Requests) {
     let meta = &p.metadata;
     let empty_spec = corev1::PodSpec::default();
     let spec = p.spec.as_ref().unwrap_or(&empty_spec);
-    let req = requests_of(spec);
+    let req = Requests::of(spec);
     let empty = BTreeMap::new();
     let annotations = meta.annotations.as_ref().unwrap_or(&empty);
     let phase = match p.status.as_ref().and_then(|s| s.phase.as_deref()) {
@@ -675,376 +348,11 @@ fn base_pod(p: &corev1::Pod, nodes: &[Node]) -> (Pod, Requests) {
     (pod, req)
 }
 
-/// A pod's allocation, before it is applied to its node.
-enum Resolved {
-    Use(GpuUse, Option<GpuShape>, Option<Scheme>),
-    /// KAI fraction: group, milli.
-    Kai(String, Milli),
-}
-
-fn unknown(r: UnknownReason) -> Resolved {
-    Resolved::Use(GpuUse::Unknown(r), None, None)
-}
-
-fn shape_of(devs: &[(usize, Milli)]) -> Option<GpuShape> {
-    let max = devs.iter().map(|d| d.1).max()?;
-    Some(GpuShape {
-        gpus: devs.len() as u32,
-        milli: max,
-    })
-}
-
-/// Merges entries naming the same device (several containers on one GPU).
-fn merge(devs: Vec<(usize, Milli)>) -> Vec<(usize, Milli)> {
-    let mut m: BTreeMap<usize, Milli> = BTreeMap::new();
-    for (i, v) in devs {
-        let e = m.entry(i).or_default();
-        *e = (*e + v).min(GPU_MILLI);
-    }
-    m.into_iter().collect()
-}
-
-fn resolve(
-    pod: &Pod,
-    req: &Requests,
-    annotations: &BTreeMap<String, String>,
-    node: Option<(&Node, &NodeCtx)>,
-) -> Resolved {
-    let scheme_of_node = node.map(|(n, _)| n.scheme);
-    let mismatch = |s: Scheme| {
-        unknown(UnknownReason::DisagreesWithRequest(format!(
-            "{} record on a {} node",
-            s.as_str(),
-            scheme_of_node.map(Scheme::as_str).unwrap_or("missing")
-        )))
-    };
-    // 1. HAMi / Volcano vGPU records.
-    for (key, scheme, count_res) in [
-        (HAMI_POD_ALLOCATED, Scheme::Hami, NVIDIA_GPU),
-        (
-            VOLCANO_VGPU_IDS,
-            Scheme::VolcanoVgpu,
-            "volcano.sh/vgpu-number",
-        ),
-    ] {
-        let Some(v) = annotations.get(key) else {
-            continue;
-        };
-        let Some((n, ctx)) = node else {
-            return Resolved::Use(GpuUse::None, None, Some(scheme));
-        };
-        if n.scheme != scheme {
-            return mismatch(scheme);
-        }
-        let slots = match formats::parse_hami_pod_devices(v) {
-            Ok(s) => s,
-            Err(e) => return unknown(UnknownReason::Malformed(e.to_string())),
-        };
-        if slots.len() > req.per_container.len().max(1) {
-            return unknown(UnknownReason::DisagreesWithRequest(format!(
-                "{key} has {} container slots, pod has {} containers",
-                slots.len(),
-                req.per_container.len()
-            )));
-        }
-        let mut devs = Vec::new();
-        for (i, slot) in slots.iter().enumerate() {
-            let want = req
-                .per_container
-                .get(i)
-                .and_then(|c| c.get(count_res))
-                .map(|q| formats::quantity_to_count(q));
-            let want = match want {
-                Some(Ok(w)) => w,
-                Some(Err(e)) => {
-                    return unknown(UnknownReason::Malformed(format!("{count_res}: {e}")));
-                }
-                None => 0,
-            };
-            if slot.len() as u64 != want {
-                return unknown(UnknownReason::DisagreesWithRequest(format!(
-                    "container {i}: {key} lists {} devices, {count_res} requests {want}",
-                    slot.len()
-                )));
-            }
-            for d in slot {
-                let Some(&idx) = ctx.by_key.get(&d.uuid) else {
-                    return unknown(UnknownReason::UnknownDevice(format!(
-                        "{} not in node inventory",
-                        trunc(&d.uuid)
-                    )));
-                };
-                let total = n.gpus[idx].memory_mib.unwrap_or(0);
-                let cores = if d.used_cores == 0 {
-                    None
-                } else {
-                    Some(d.used_cores)
-                };
-                match formats::share_milli(Some((d.used_mem_mib, total)), cores) {
-                    Ok(m) => devs.push((idx, m)),
-                    Err(e) => return unknown(UnknownReason::Malformed(e.to_string())),
-                }
-            }
-        }
-        let devs = merge(devs);
-        return Resolved::Use(GpuUse::Devices(devs.clone()), shape_of(&devs), Some(scheme));
-    }
-    // 2. Koordinator.
-    if let Some(v) = annotations.get(KOORD_DEVICE_ALLOCATED) {
-        let Some((n, ctx)) = node else {
-            return Resolved::Use(GpuUse::None, None, Some(Scheme::Koordinator));
-        };
-        if n.scheme != Scheme::Koordinator {
-            return mismatch(Scheme::Koordinator);
-        }
-        if !KOORD_RESOURCES.iter().any(|r| req.has(r)) {
-            return unknown(UnknownReason::DisagreesWithRequest(format!(
-                "{KOORD_DEVICE_ALLOCATED} on a pod that requests no GPU resource"
-            )));
-        }
-        let allocs = match formats::parse_koord_device_allocated(v) {
-            Ok(a) => a,
-            Err(e) => return unknown(UnknownReason::Malformed(e.to_string())),
-        };
-        let mut devs = Vec::new();
-        let mut core_sum = 0u64;
-        for a in &allocs {
-            let Some(&idx) = ctx.by_minor.get(&a.minor) else {
-                return unknown(UnknownReason::UnknownDevice(format!(
-                    "gpu minor {} not on node",
-                    a.minor
-                )));
-            };
-            let mem = match (a.memory_ratio, a.memory_bytes) {
-                (Some(r), _) => Some((u64::from(r), 100)),
-                (None, Some(b)) => match n.gpus[idx].memory_mib {
-                    Some(mib) => Some((b, mib.saturating_mul(1024 * 1024))),
-                    None => {
-                        return unknown(UnknownReason::NodeInventory(
-                            "gpu-memory record but device memory unknown (no Device object or nvidia.com/gpu.memory label)".into(),
-                        ));
-                    }
-                },
-                (None, None) => None,
-            };
-            if mem.is_none() && a.core.is_none() {
-                return unknown(UnknownReason::Malformed(format!(
-                    "gpu minor {}: no core or memory",
-                    a.minor
-                )));
-            }
-            core_sum += u64::from(a.core.unwrap_or(0));
-            match formats::share_milli(mem, a.core) {
-                Ok(m) => devs.push((idx, m)),
-                Err(e) => return unknown(UnknownReason::Malformed(e.to_string())),
-            }
-        }
-        if req.has(KOORD_GPU_CORE) {
-            match req.total(KOORD_GPU_CORE) {
-                Ok(want) if want == core_sum => {}
-                Ok(want) => {
-                    return unknown(UnknownReason::DisagreesWithRequest(format!(
-                        "record gives gpu-core {core_sum}, pod requests {want}"
-                    )));
-                }
-                Err(e) => return unknown(UnknownReason::Malformed(e.to_string())),
-            }
-        } else if req.has(NVIDIA_GPU) {
-            match req.total(NVIDIA_GPU) {
-                Ok(want) if want == allocs.len() as u64 => {}
-                Ok(want) => {
-                    return unknown(UnknownReason::DisagreesWithRequest(format!(
-                        "record lists {} GPUs, pod requests {want}",
-                        allocs.len()
-                    )));
-                }
-                Err(e) => return unknown(UnknownReason::Malformed(e.to_string())),
-            }
-        }
-        let devs = merge(devs);
-        return Resolved::Use(
-            GpuUse::Devices(devs.clone()),
-            shape_of(&devs),
-            Some(Scheme::Koordinator),
-        );
-    }
-    // 3. Volcano gpushare.
-    if let Some(v) = annotations.get(VOLCANO_GPU_INDEX) {
-        let Some((n, ctx)) = node else {
-            return Resolved::Use(GpuUse::None, None, Some(Scheme::VolcanoShare));
-        };
-        if n.scheme != Scheme::VolcanoShare {
-            return mismatch(Scheme::VolcanoShare);
-        }
-        let idx = match formats::parse_index_list(VOLCANO_GPU_INDEX, v) {
-            Ok(i) => i,
-            Err(e) => return unknown(UnknownReason::Malformed(e.to_string())),
-        };
-        let number = req.total(VOLCANO_GPU_NUMBER).unwrap_or(0);
-        let mem = req.total(VOLCANO_GPU_MEMORY);
-        let mut devs = Vec::new();
-        for i in &idx {
-            let Some(&d) = ctx.by_key.get(&i.to_string()) else {
-                return unknown(UnknownReason::UnknownDevice(format!(
-                    "gpu index {i} not on node"
-                )));
-            };
-            let milli = if number > 0 {
-                GPU_MILLI
-            } else {
-                match (&mem, ctx.card_mem) {
-                    (Ok(m), Some(card)) if *m > 0 => {
-                        match formats::share_milli(Some((*m, card)), None) {
-                            Ok(x) => x,
-                            Err(e) => return unknown(UnknownReason::Malformed(e.to_string())),
-                        }
-                    }
-                    (Err(e), _) => return unknown(UnknownReason::Malformed(e.to_string())),
-                    _ => {
-                        return unknown(UnknownReason::DisagreesWithRequest(
-                            "gpu-index record without a volcano.sh/gpu-memory or gpu-number request".into(),
-                        ));
-                    }
-                }
-            };
-            devs.push((d, milli));
-        }
-        if number > 0 && number != idx.len() as u64 {
-            return unknown(UnknownReason::DisagreesWithRequest(format!(
-                "gpu-index lists {} cards, gpu-number requests {number}",
-                idx.len()
-            )));
-        }
-        let devs = merge(devs);
-        return Resolved::Use(
-            GpuUse::Devices(devs.clone()),
-            shape_of(&devs),
-            Some(Scheme::VolcanoShare),
-        );
-    }
-    // 4. Aliyun gpushare.
-    match formats::parse_aliyun(annotations) {
-        Ok(Some(a)) => {
-            let Some((n, ctx)) = node else {
-                return Resolved::Use(GpuUse::None, None, Some(Scheme::Aliyun));
-            };
-            if n.scheme != Scheme::Aliyun {
-                return mismatch(Scheme::Aliyun);
-            }
-            let Some(&d) = ctx.by_key.get(&a.index.to_string()) else {
-                return unknown(UnknownReason::UnknownDevice(format!(
-                    "gpu index {} not on node",
-                    a.index
-                )));
-            };
-            match req.total(ALIYUN_GPU_MEM) {
-                Ok(want) if want == a.pod_mem => {}
-                Ok(want) => {
-                    return unknown(UnknownReason::DisagreesWithRequest(format!(
-                        "ALIYUN_COM_GPU_MEM_POD {} but pod requests {ALIYUN_GPU_MEM} {want}",
-                        a.pod_mem
-                    )));
-                }
-                Err(e) => return unknown(UnknownReason::Malformed(e.to_string())),
-            }
-            if let Some(card) = ctx.card_mem
-                && card != a.dev_mem
-            {
-                return unknown(UnknownReason::DisagreesWithRequest(format!(
-                    "ALIYUN_COM_GPU_MEM_DEV {} but node cards have {card}",
-                    a.dev_mem
-                )));
-            }
-            return match formats::share_milli(Some((a.pod_mem, a.dev_mem)), None) {
-                Ok(m) => Resolved::Use(
-                    GpuUse::Devices(vec![(d, m)]),
-                    Some(GpuShape { gpus: 1, milli: m }),
-                    Some(Scheme::Aliyun),
-                ),
-                Err(e) => unknown(UnknownReason::Malformed(e.to_string())),
-            };
-        }
-        Ok(None) => {}
-        Err(e) => return unknown(UnknownReason::Malformed(e.to_string())),
-    }
-    // 5. KAI fractions.
-    if let Some(v) = annotations.get(KAI_FRACTION) {
-        let milli = match formats::parse_gpu_fraction(v) {
-            Ok(m) => m,
-            Err(e) => return unknown(UnknownReason::Malformed(e.to_string())),
-        };
-        if node.is_none() {
-            return Resolved::Use(GpuUse::None, Some(GpuShape { gpus: 1, milli }), None);
-        }
-        return match pod.labels.get(KAI_GROUP) {
-            Some(g) => Resolved::Kai(g.clone(), milli),
-            None => unknown(UnknownReason::MissingRecord),
-        };
-    }
-    // 6. Requests without records.
-    if req.has_shared() {
-        if node.is_none() {
-            return Resolved::Use(GpuUse::None, shared_pending_shape(req), None);
-        }
-        return unknown(UnknownReason::MissingRecord);
-    }
-    let mig = match req.mig() {
-        Ok(m) => m,
-        Err(e) => return unknown(UnknownReason::Malformed(e.to_string())),
-    };
-    let whole = match req.total(NVIDIA_GPU) {
-        Ok(w) => w,
-        Err(e) => return unknown(UnknownReason::Malformed(format!("{NVIDIA_GPU}: {e}"))),
-    };
-    if !mig.is_empty() {
-        if whole > 0 {
-            return unknown(UnknownReason::DisagreesWithRequest(
-                "both MIG and whole-GPU requests".into(),
-            ));
-        }
-        return Resolved::Use(GpuUse::Mig(mig), None, None);
-    }
-    if whole == 0 {
-        return Resolved::Use(GpuUse::None, None, None);
-    }
-    let whole32 = u32::try_from(whole).unwrap_or(u32::MAX);
-    let shape = Some(GpuShape {
-        gpus: whole32,
-        milli: GPU_MILLI,
-    });
-    match node {
-        None => Resolved::Use(GpuUse::None, shape, Some(Scheme::Plain)),
-        Some((n, _)) if n.granularity == Granularity::Node => {
-            Resolved::Use(GpuUse::Whole(whole32), shape, Some(Scheme::Plain))
-        }
-        // Device-granularity nodes record every GPU pod; a bare count there is a guess.
-        Some(_) => unknown(UnknownReason::MissingRecord),
-    }
-}
-
-/// Shape of a pending pod that asks for a share (no device chosen yet).
-fn shared_pending_shape(req: &Requests) -> Option<GpuShape> {
-    let pct = |name: &str| req.total(name).ok().filter(|v| *v > 0);
-    let milli = pct(KOORD_GPU_CORE)
-        .or(pct("koordinator.sh/gpu-memory-ratio"))
-        .or(pct("nvidia.com/gpucores"))
-        .or(pct("nvidia.com/gpumem-percentage"))
-        .or(pct("volcano.sh/vgpu-cores"))
-        .map(|p| (p.min(100) * 10) as Milli);
-    let gpus = pct(NVIDIA_GPU)
-        .or(pct("volcano.sh/vgpu-number"))
-        .unwrap_or(1);
-    Some(GpuShape {
-        gpus: u32::try_from(gpus).unwrap_or(1),
-        milli: milli.unwrap_or(GPU_MILLI),
-    })
-}
-
-fn trunc(s: &str) -> String {
-    if s.len() <= 64 {
-        s.to_string()
-    } else {
-        format!("{}…", &s[..s.floor_char_boundary(64)])
+/// A pod's allocation: resolved by the first adapter that recognises the pod.
+fn resolve(pod: &PodInput<'_>, node: Option<(&Node, &NodeCtx)>) -> Resolved {
+    match ADAPTERS.iter().find(|a| a.claims_pod(pod)) {
+        Some(a) => a.resolve_pod(pod, node),
+        None => Resolved::Use(GpuUse::None, None, None),
     }
 }
 
@@ -1132,14 +440,22 @@ pub fn build_cluster_from(objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) -> C
         pod.gang = index.gang(&pod.namespace, &pod.labels, annotations);
         let node = pod.node.map(|i| (&nodes[i], &ctxs[i]));
         let active = pod.is_active_bound() && pod.node.is_some();
-        let resolved = if let Some(e) = node.and_then(|(_, c)| c.inventory_error.clone()) {
+        // A pod whose requests cannot be read is unknown, whatever its records say.
+        let resolved = if let Some(bad) = req.unreadable() {
+            unknown(UnknownReason::BadQuantity(bad.to_string()))
+        } else if let Some(e) = node.and_then(|(_, c)| c.inventory_error.clone()) {
             if active && (req.has_shared() || req.has(NVIDIA_GPU) || !annotations.is_empty()) {
                 unknown(UnknownReason::NodeInventory(e))
             } else {
                 Resolved::Use(GpuUse::None, None, None)
             }
         } else {
-            resolve(&pod, &req, annotations, if active { node } else { None })
+            let input = PodInput {
+                pod: &pod,
+                req: &req,
+                annotations,
+            };
+            resolve(&input, if active { node } else { None })
         };
         match resolved {
             Resolved::Use(u, shape, scheme) => {

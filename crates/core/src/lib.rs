@@ -3,6 +3,7 @@
 //! emulation and (later) the planner and maintenance windows.
 #![forbid(unsafe_code)]
 
+mod adapters;
 pub mod fence;
 pub mod formats;
 pub mod frag;

@@ -235,6 +235,9 @@ pub enum UnknownReason {
     /// A record the pod's owner can write itself, not confirmed by the scheme's own
     /// side (a KAI fraction without its reservation pod, say).
     Unconfirmed(String),
+    /// A resource request or limit of the pod is not a quantity (or not a whole count
+    /// where one is needed): what the pod asks for cannot be read.
+    BadQuantity(String),
 }
 
 impl UnknownReason {
@@ -248,6 +251,7 @@ impl UnknownReason {
             UnknownReason::Overcommitted(_) => "device-overcommitted",
             UnknownReason::NodeInventory(_) => "node-inventory-unreadable",
             UnknownReason::Unconfirmed(_) => "record-unconfirmed",
+            UnknownReason::BadQuantity(_) => "bad-quantity",
         }
     }
 }
@@ -263,7 +267,8 @@ impl std::fmt::Display for UnknownReason {
             | UnknownReason::UnknownDevice(m)
             | UnknownReason::Overcommitted(m)
             | UnknownReason::NodeInventory(m)
-            | UnknownReason::Unconfirmed(m) => write!(f, "{}: {m}", self.code()),
+            | UnknownReason::Unconfirmed(m)
+            | UnknownReason::BadQuantity(m) => write!(f, "{}: {m}", self.code()),
         }
     }
 }

@@ -578,3 +578,238 @@ fn a_collision_makes_both_pods_unknown() {
     }
     assert!(!matches!(gpu_of(&c, "tenant-c/other"), GpuUse::Unknown(_)));
 }
+
+// ---- Unreadable quantities ---------------------------------------------------------------
+
+/// Sets resource `name` of the pod's first container (`requests` or `limits`) to `value`.
+fn set_resource(p: &mut k8s_openapi::api::core::v1::Pod, section: &str, name: &str, value: &str) {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let res = p.spec.as_mut().unwrap().containers[0]
+        .resources
+        .get_or_insert_with(Default::default);
+    let list = match section {
+        "requests" => &mut res.requests,
+        _ => &mut res.limits,
+    };
+    list.get_or_insert_with(Default::default)
+        .insert(name.into(), Quantity(value.into()));
+}
+
+/// No move starts on or lands on `node`.
+fn assert_untouched(c: &Cluster, node: &str, what: &str) {
+    let p = plan(c, &whole_gpu_policy(), None, &History::default());
+    for m in &p.moves {
+        assert!(
+            m.from_node != node && m.to_node != node,
+            "{what}: move {m:?} touches {node}"
+        );
+    }
+}
+
+#[test]
+fn an_unreadable_request_makes_the_pod_unknown_instead_of_zero() {
+    let cases: [(&str, &str, &str, &str); 7] = [
+        ("requests", "cpu", "abc", "requests.cpu"),
+        ("requests", "memory", "1Gb", "requests.memory"),
+        ("limits", "cpu", "1.2.3", "limits.cpu"),
+        ("limits", "nvidia.com/gpu", "one", "limits.nvidia.com/gpu"),
+        (
+            "limits",
+            "nvidia.com/gpumem",
+            "-40960",
+            "limits.nvidia.com/gpumem",
+        ),
+        ("limits", "example.com/nic", "1x", "limits.example.com/nic"),
+        // A count that is a quantity but not a whole number.
+        ("limits", "nvidia.com/gpu", "500m", "nvidia.com/gpu"),
+    ];
+    for (section, name, value, named) in cases {
+        let what = format!("{section}.{name}: {value}");
+        let mut objs = spoof_cluster();
+        let mut p = pod_obj(
+            "tenant-a",
+            "bad",
+            "hami-a",
+            "1",
+            Some("GPU-a1,NVIDIA,40960,50:;"),
+        );
+        set_resource(&mut p, section, name, value);
+        objs.pods.push(p);
+        let c = build_cluster(&objs, None);
+        let pod = c.pods.iter().find(|p| p.key() == "tenant-a/bad").unwrap();
+        match &pod.gpu {
+            GpuUse::Unknown(r @ UnknownReason::BadQuantity(m)) => {
+                assert_eq!(r.code(), "bad-quantity");
+                assert!(m.contains(named), "{what}: {m}");
+                assert!(r.to_string().starts_with("bad-quantity: "), "{r}");
+            }
+            other => panic!("{what}: want bad-quantity, got {other:?}"),
+        }
+        let a = &c.nodes[c.node_index("hami-a").unwrap()];
+        assert_eq!(a.unknown_pods, 1, "{what}");
+        let victim = c
+            .pods
+            .iter()
+            .find(|p| p.key() == "tenant-b/victim")
+            .unwrap();
+        assert_eq!(
+            movable(victim, &c, &whole_gpu_policy(), None, &History::default()),
+            Err(gpu_defrag_core::plan::Skip::NodeUndrainable),
+            "{what}"
+        );
+        assert_untouched(&c, "hami-a", &what);
+    }
+}
+
+#[test]
+fn an_unreadable_init_container_request_makes_the_pod_unknown() {
+    let mut objs = spoof_cluster();
+    let mut p = pod_obj("tenant-a", "init", "hami-a", "0", None);
+    let spec = p.spec.as_mut().unwrap();
+    let mut init = spec.containers[0].clone();
+    init.name = "setup".into();
+    init.resources =
+        Some(serde_json::from_value(serde_json::json!({"requests": {"cpu": "lots"}})).unwrap());
+    spec.init_containers = Some(vec![init]);
+    objs.pods.push(p);
+    let c = build_cluster(&objs, None);
+    let pod = c.pods.iter().find(|p| p.key() == "tenant-a/init").unwrap();
+    assert!(
+        matches!(&pod.gpu, GpuUse::Unknown(UnknownReason::BadQuantity(m)) if m.contains("init container setup: requests.cpu")),
+        "{:?}",
+        pod.gpu
+    );
+    assert_untouched(&c, "hami-a", "init container");
+}
+
+/// Before, a Volcano gpushare `gpu-number` that was not a whole number counted as 0 and the
+/// pod was read as a memory share.
+#[test]
+fn a_gpu_count_that_is_not_whole_is_not_read_as_zero() {
+    let text = r#"
+apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Node
+  metadata: {name: volcano-0}
+  status:
+    allocatable: {cpu: "64", memory: 512Gi, pods: "110", volcano.sh/gpu-memory: "65536", volcano.sh/gpu-number: "4"}
+    conditions: [{type: Ready, status: "True"}]
+- apiVersion: v1
+  kind: Pod
+  metadata:
+    name: half-card
+    namespace: ml
+    annotations: {volcano.sh/gpu-index: "1"}
+  spec:
+    nodeName: volcano-0
+    containers: [{name: c, resources: {limits: {volcano.sh/gpu-number: "1.5", volcano.sh/gpu-memory: "4096"}}}]
+  status: {phase: Running}
+"#;
+    let c = build_cluster(&snapshot::parse(text).unwrap(), None);
+    let pod = &c.pods[0];
+    assert!(
+        matches!(&pod.gpu, GpuUse::Unknown(UnknownReason::BadQuantity(m)) if m.contains("volcano.sh/gpu-number")),
+        "{:?}",
+        pod.gpu
+    );
+    assert_eq!(c.nodes[0].unknown_pods, 1);
+    assert!(c.nodes[0].gpus.iter().all(|g| g.used == 0));
+}
+
+#[test]
+fn micro_and_nano_cpu_requests_are_read_and_round_up() {
+    let mut objs = spoof_cluster();
+    let mut p = pod_obj("tenant-a", "tiny", "hami-a", "0", None);
+    set_resource(&mut p, "requests", "cpu", "250u");
+    set_resource(&mut p, "requests", "memory", "1500000000n");
+    objs.pods.push(p);
+    let c = build_cluster(&objs, None);
+    let pod = c.pods.iter().find(|p| p.key() == "tenant-a/tiny").unwrap();
+    assert_eq!(
+        (pod.cpu, pod.mem),
+        (1, 2),
+        "0.25 milli-CPU → 1 milli; 1.5 bytes → 2"
+    );
+    assert_eq!(pod.gpu, GpuUse::None);
+    assert_eq!(c.nodes[c.node_index("hami-a").unwrap()].unknown_pods, 0);
+}
+
+/// A node whose allocatable cpu, memory, pod count or GPU count cannot be read is marked
+/// inconsistent: nothing is moved from it and nothing onto it.
+#[test]
+fn a_node_with_unreadable_allocatable_is_neither_drained_nor_a_target() {
+    let control = build_cluster(&spoof_cluster(), None);
+    assert!(
+        !plan(&control, &whole_gpu_policy(), None, &History::default())
+            .moves
+            .is_empty(),
+        "control case: the planner merges the two halves"
+    );
+    for name in ["cpu", "memory", "pods"] {
+        let mut objs = spoof_cluster();
+        let node = &mut objs.nodes[1];
+        node.status
+            .as_mut()
+            .unwrap()
+            .allocatable
+            .as_mut()
+            .unwrap()
+            .insert(
+                name.into(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("lots".into()),
+            );
+        let c = build_cluster(&objs, None);
+        let b = &c.nodes[c.node_index("hami-b").unwrap()];
+        let why = b.inconsistent.as_deref().unwrap_or_default();
+        assert!(
+            why.contains(&format!("allocatable {name}")),
+            "{name}: {why:?}"
+        );
+        // Its GPU records stay readable: only the node is marked.
+        assert!(
+            matches!(gpu_of(&c, "tenant-c/other"), GpuUse::Devices(_)),
+            "{name}"
+        );
+        let other = c.pods.iter().find(|p| p.key() == "tenant-c/other").unwrap();
+        assert_eq!(
+            movable(other, &c, &whole_gpu_policy(), None, &History::default()),
+            Err(gpu_defrag_core::plan::Skip::NodeUndrainable),
+            "{name}"
+        );
+        assert!(
+            plan(&c, &whole_gpu_policy(), None, &History::default())
+                .moves
+                .is_empty(),
+            "{name}: the only move would drain hami-b or land on it"
+        );
+    }
+    // Plain nodes: an unreadable GPU count.
+    let text = r#"
+apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Node
+  metadata: {name: plain-a}
+  status:
+    allocatable: {cpu: "64", memory: 512Gi, pods: "110", nvidia.com/gpu: "eight"}
+    conditions: [{type: Ready, status: "True"}]
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: p, namespace: ml}
+  spec:
+    nodeName: plain-a
+    containers: [{name: c, resources: {limits: {nvidia.com/gpu: "1"}}}]
+  status: {phase: Running}
+"#;
+    let c = build_cluster(&snapshot::parse(text).unwrap(), None);
+    let n = &c.nodes[0];
+    assert!(n.inconsistent.is_some() && n.gpus.is_empty());
+    assert!(matches!(
+        &c.pods[0].gpu,
+        GpuUse::Unknown(UnknownReason::NodeInventory(_))
+    ));
+    assert_untouched(&c, "plain-a", "plain");
+}

@@ -2,9 +2,9 @@
 //!
 //! Grammar (from the Kubernetes API): an optional sign, a decimal number (`5`, `5.`, `.5`,
 //! `1.25`), then one suffix: a binary SI suffix (`Ki` `Mi` `Gi` `Ti` `Pi` `Ei`), a decimal SI
-//! suffix (`m` `k` `M` `G` `T` `P` `E` or none), or a decimal exponent (`e3`, `E-2`). Negative
-//! quantities are refused. Kubernetes keeps at most three decimal places and rounds up; these
-//! functions round up to the unit they return, which agrees with it.
+//! suffix (`n` `u` `m` `k` `M` `G` `T` `P` `E` or none), or a decimal exponent (`e3`, `E-2`).
+//! Negative quantities are refused. Values finer than the unit a function returns are rounded
+//! up to it, as Kubernetes' `MilliValue()` and `Value()` do (`"500u"` CPU is 1 milli).
 
 use super::common::{checked_record, snippet};
 use super::{FormatError, keys};
@@ -15,7 +15,7 @@ const MAX_SIGNIFICANT_DIGITS: usize = 38;
 const MAX_EXPONENT: i64 = 1000;
 
 /// `"500m"` → 500, `"2"` → 2000, `"1.5"` → 1500, `"2k"` → 2 000 000. Rounds up to the milli
-/// (`"0.1m"` → 1). Errors on garbage, negative values and values over `u64::MAX` milli.
+/// (`"0.1m"` → 1, `"500u"` → 1, `"1500000n"` → 2). Errors on garbage, negative values and values over `u64::MAX` milli.
 pub fn quantity_to_milli(q: &str) -> Result<u64, FormatError> {
     let v = parse_milli(keys::QUANTITY, q, true)?;
     u64::try_from(v).map_err(|_| too_large(keys::QUANTITY, q))
@@ -51,7 +51,7 @@ fn too_large(key: &'static str, q: &str) -> FormatError {
 }
 
 /// The exact value of `q` in thousandths, rounded up. With `allow_si == false` only plain
-/// decimals and the `e<n>` exponent form are accepted (no `k`, `Mi`, `m`...).
+/// decimals and the `e<n>` exponent form are accepted (no `k`, `Mi`, `m`, `u`...).
 pub(crate) fn parse_milli(key: &'static str, q: &str, allow_si: bool) -> Result<u128, FormatError> {
     let t = checked_record(key, q)?;
     let malformed = |why: &str| FormatError::Malformed {
@@ -88,6 +88,8 @@ pub(crate) fn parse_milli(key: &'static str, q: &str, allow_si: bool) -> Result<
     // Power of ten and power of two the digits are multiplied by, counting in thousandths.
     let (mut pow10, pow2): (i64, u32) = match suffix {
         "" => (0, 0),
+        "n" if allow_si => (-9, 0),
+        "u" if allow_si => (-6, 0),
         "m" if allow_si => (-3, 0),
         "k" if allow_si => (3, 0),
         "M" if allow_si => (6, 0),
@@ -274,6 +276,37 @@ mod tests {
     }
 
     #[test]
+    fn micro_and_nano_round_up_to_the_milli() {
+        for (q, want) in [
+            ("500u", 1),
+            ("1000u", 1),
+            ("1001u", 2),
+            ("1500u", 2),
+            ("2000000u", 2000),
+            ("0u", 0),
+            ("1n", 1),
+            ("1000000n", 1),
+            ("1500000n", 2),
+            ("3000000000n", 3000),
+            ("0.5u", 1),
+            ("+250000u", 250),
+        ] {
+            assert_eq!(quantity_to_milli(q), Ok(want), "{q}");
+        }
+        assert_eq!(quantity_to_bytes("1u"), Ok(1));
+        assert_eq!(quantity_to_bytes("2000000000n"), Ok(2));
+        assert_eq!(quantity_to_bytes("0n"), Ok(0));
+        assert_eq!(quantity_to_count("3000000u"), Ok(3));
+        assert_eq!(quantity_to_count("1000000000n"), Ok(1));
+        assert!(quantity_to_count("1500000u").is_err(), "not a whole number");
+        for bad in ["1U", "1N", "1µ", "1nu", "1un", "-1u", "u", "1 u"] {
+            assert!(quantity_to_milli(bad).is_err(), "{bad}");
+        }
+        // Only where SI suffixes are allowed.
+        assert!(parse_milli(keys::QUANTITY, "5u", false).is_err());
+    }
+
+    #[test]
     fn bytes_examples() {
         for (q, want) in [
             ("64Gi", 64u64 << 30),
@@ -455,6 +488,14 @@ mod tests {
             prop_assert_eq!(quantity_to_milli(&format!("{v}m")), Ok(v));
             prop_assert_eq!(quantity_to_bytes(&format!("{v}m")), Ok(v.div_ceil(1000)));
             prop_assert_eq!(quantity_to_count(&q).is_ok(), v % 1000 == 0);
+        }
+
+        #[test]
+        fn micro_and_nano_agree_with_milli(v in 0u64..10_000_000_000) {
+            prop_assert_eq!(quantity_to_milli(&format!("{v}u")), Ok(v.div_ceil(1000)));
+            prop_assert_eq!(quantity_to_milli(&format!("{v}n")), Ok(v.div_ceil(1_000_000)));
+            prop_assert_eq!(quantity_to_milli(&format!("{}u", v * 1000)), Ok(v));
+            prop_assert_eq!(quantity_to_bytes(&format!("{v}n")), Ok(v.div_ceil(1_000_000_000)));
         }
 
         #[test]
