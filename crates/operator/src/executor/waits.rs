@@ -141,7 +141,7 @@ impl Waits {
             });
             if let Some(r) = replacement {
                 let node = pod_node(r).unwrap_or_default();
-                if let Some(on_gpu) = fences.hit(node, &hami_devices(r)) {
+                if let Some(on_gpu) = fences.hit(node, &ingest::hami_pod_gpus(r)) {
                     rec.bounced += 1;
                     metrics.eviction(policy, "bounced");
                     backed_off.insert(w.owner.clone());
@@ -167,15 +167,4 @@ impl Waits {
             None => Ok(()),
         }
     }
-}
-
-/// The GPUs a pod's HAMi record names (none when it has no readable record).
-fn hami_devices(pod: &Pod) -> Vec<String> {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ingest::HAMI_POD_ALLOCATED))
-        .and_then(|v| gpu_defrag_core::formats::parse_hami_pod_devices(v).ok())
-        .map(|c| c.into_iter().flatten().map(|d| d.uuid).collect())
-        .unwrap_or_default()
 }
