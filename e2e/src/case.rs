@@ -116,7 +116,7 @@ impl Case {
         .unwrap()
     }
 
-    /// Pool nodes carrying any `gpu-defrag.io/draining` fence.
+    /// Pool nodes carrying a draining fence (`draining.gpu-defrag.io/<policy>`).
     pub async fn fenced_nodes(&self) -> Vec<String> {
         self.pool.fenced(&self.client).await.unwrap()
     }

@@ -52,8 +52,9 @@ pub const OPERATOR_USER: &str = "gpu-defrag-e2e-operator";
 pub const POLICY_LABEL: &str = "e2e-test";
 /// Label and taint key of a test's node pool.
 pub const POOL_LABEL: &str = "e2e-pool";
-/// The fence the executor puts on nodes it empties.
-pub const DRAINING_TAINT: &str = "gpu-defrag.io/draining";
+/// Domain of the fences the executor puts on nodes it empties: one taint key per policy,
+/// `draining.gpu-defrag.io/<policy>`, with the policy name as value.
+pub const DRAINING_TAINT_DOMAIN: &str = "draining.gpu-defrag.io";
 /// Label of the filler Deployments made by [`fragment`].
 pub const ROLE_LABEL: &str = "e2e-role";
 
@@ -626,7 +627,7 @@ impl Pool {
         json!({"matchLabels": {POOL_LABEL: self.name}})
     }
 
-    /// Nodes of the pool that carry a `gpu-defrag.io/draining` taint (any value).
+    /// Nodes of the pool that carry a draining fence (of any policy).
     pub async fn fenced(&self, client: &Client) -> Result<Vec<String>> {
         let nodes = Api::<Node>::all(client.clone())
             .list(&ListParams::default().labels(&format!("{POOL_LABEL}={}", self.name)))
@@ -641,14 +642,20 @@ impl Pool {
     }
 }
 
-/// Values of the `gpu-defrag.io/draining` taints of a node.
+/// Whether a taint key is a draining fence (`draining.gpu-defrag.io/<policy>`).
+pub fn is_fence_key(key: &str) -> bool {
+    key.strip_prefix(DRAINING_TAINT_DOMAIN)
+        .is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// The policies whose draining fence a node carries (the taints' values).
 pub fn fences(node: &Node) -> impl Iterator<Item = String> + '_ {
     node.spec
         .as_ref()
         .and_then(|s| s.taints.as_ref())
         .into_iter()
         .flatten()
-        .filter(|t| t.key == DRAINING_TAINT)
+        .filter(|t| is_fence_key(&t.key))
         .map(|t| t.value.clone().unwrap_or_default())
 }
 

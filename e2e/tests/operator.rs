@@ -23,8 +23,8 @@ use gpu_defrag_e2e::{
     fixtures::{FAKE_IMAGE, min_available_pdb, pods, wait_for, wait_ready_pods},
     operator::{
         Operator, POOL_LABEL, PodWatch, Pool, allow_one_disruption, bind_lease_role, create_policy,
-        fences, float_at, fragment, int_at, open_window_every_minute, patch_policy, pod_node,
-        policy_status, str_at, strings_at, wait_deployments_ready, wait_status,
+        fences, float_at, fragment, int_at, is_fence_key, open_window_every_minute, patch_policy,
+        pod_node, policy_status, str_at, strings_at, wait_deployments_ready, wait_status,
     },
 };
 use k8s_openapi::api::{
@@ -1157,8 +1157,7 @@ async fn hami_single_gpu_drain_cordons_only_that_gpu() {
         "the drained GPU was never cordoned: {seen:?}"
     );
     assert!(
-        seen.iter()
-            .all(|(_, t)| !t.iter().any(|k| k == "gpu-defrag.io/draining")),
+        seen.iter().all(|(_, t)| !t.iter().any(|k| is_fence_key(k))),
         "a GPU drain tainted the node: {seen:?}"
     );
     assert_eq!(lists.last(), Some(&Some(admin.clone())), "{seen:?}");

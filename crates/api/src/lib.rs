@@ -21,8 +21,14 @@ pub const KARPENTER_DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
 /// The descheduler's soft opt-out: treated as a higher move cost, not a veto.
 pub const DESCHEDULER_PREFER_NO_EVICTION: &str =
     "descheduler.alpha.kubernetes.io/prefer-no-eviction";
-/// Taint key put on nodes being emptied during a run (`NoSchedule`, value = policy name).
-pub const DRAINING_TAINT: &str = "gpu-defrag.io/draining";
+/// Prefix of the taint keys put on nodes being emptied during a run: each policy has its
+/// own key, `draining.gpu-defrag.io/<policy>` (`NoSchedule`, value = the policy name), so
+/// no policy ever removes another's fence. Names over 63 characters are shortened with a
+/// hash (the key's name part is limited to 63).
+pub const DRAINING_TAINT_DOMAIN: &str = "draining.gpu-defrag.io";
+/// The single taint key of earlier versions (`gpu-defrag.io/draining=<policy>`); fences
+/// with it are still recognised and removed.
+pub const LEGACY_DRAINING_TAINT: &str = "gpu-defrag.io/draining";
 
 /// The generated CRD as YAML, exactly as `crds/defragpolicy.yaml` must contain it.
 pub fn crd_yaml() -> String {

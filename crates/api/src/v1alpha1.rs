@@ -73,6 +73,12 @@ pub struct DefragPolicySpec {
     #[serde(default)]
     pub mode: Mode,
 
+    /// `true` stops the policy's run in progress before its next eviction (fences removed,
+    /// outcome `Stopped`) and starts no new one, whatever the mode and windows; the policy
+    /// keeps measuring and planning. Default `false`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspend: bool,
+
     /// Nodes this policy covers. Empty or absent: every node with GPUs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<LabelSelector>,

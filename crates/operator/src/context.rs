@@ -50,6 +50,22 @@ pub enum Error {
     /// A node's fences could not be changed.
     #[error("fencing: {0}")]
     Fence(#[from] FenceError),
+    /// The policy's finalizer could not be handled (the object has no name, or the
+    /// finalizer patch cannot be built).
+    #[error("finalizer: {0}")]
+    Finalizer(Box<kube::runtime::finalizer::Error<Error>>),
+}
+
+impl From<kube::runtime::finalizer::Error<Error>> for Error {
+    /// The error of the reconcile or clean-up itself, or of the finalizer patch.
+    fn from(e: kube::runtime::finalizer::Error<Error>) -> Self {
+        use kube::runtime::finalizer::Error as F;
+        match e {
+            F::ApplyFailed(e) | F::CleanupFailed(e) => e,
+            F::AddFinalizer(e) | F::RemoveFinalizer(e) => Error::Kube(e),
+            other => Error::Finalizer(Box::new(other)),
+        }
+    }
 }
 
 /// Why a node's fences could not be changed.
@@ -80,6 +96,7 @@ impl Error {
             Error::Kube(_) => "Transport",
             Error::Json(_) => "Serialise",
             Error::Fence(_) => "Fence",
+            Error::Finalizer(_) => "Finalizer",
         }
     }
 }
@@ -166,6 +183,28 @@ impl Events {
 pub struct RunHandle {
     /// The task.
     pub task: tokio::task::JoinHandle<()>,
+    /// Asks the run to stop before its next eviction.
+    pub stop: StopRequest,
+}
+
+/// A request to stop a run, shared by the controller and the run's task: the run checks
+/// it before every eviction and while it waits; the first reason given wins.
+#[derive(Clone, Debug, Default)]
+pub struct StopRequest(Arc<std::sync::Mutex<Option<String>>>);
+
+impl StopRequest {
+    /// Asks the run to stop, saying why (a later request keeps the first reason).
+    pub fn request(&self, why: &str) {
+        let mut r = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if r.is_none() {
+            *r = Some(why.to_string());
+        }
+    }
+
+    /// Why the run was asked to stop, if it was.
+    pub fn requested(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 /// Shared state of the controller and the executor.
@@ -287,6 +326,29 @@ impl Ctx {
         if let Some(h) = self.runs.lock().await.remove(name) {
             h.task.abort();
         }
+    }
+
+    /// Asks the policy's run to stop before its next eviction; false when no run is alive.
+    pub async fn request_stop(&self, name: &str, why: &str) -> bool {
+        if !self.run_alive(name).await {
+            return false;
+        }
+        if let Some(h) = self.runs.lock().await.get(name) {
+            h.stop.request(why);
+        }
+        true
+    }
+
+    /// Waits until the policy's run task has ended, at most `timeout`; true if it did.
+    pub async fn wait_run_end(&self, name: &str, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.run_alive(name).await {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        true
     }
 
     /// Whether a run task of this policy is alive (a finished one is forgotten).

@@ -1,6 +1,6 @@
 //! Small helpers over Kubernetes objects and timestamps: no client, no shared state.
 use chrono::{DateTime, SecondsFormat, Utc};
-use gpu_defrag_api::DRAINING_TAINT;
+use gpu_defrag_api::{DRAINING_TAINT_DOMAIN, LEGACY_DRAINING_TAINT};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::json;
 
@@ -79,9 +79,46 @@ pub fn ts(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
+/// The id of a policy's fences: its name when that fits the name part of a taint key
+/// and a label value (63 characters), else its first 46 characters, `-` and 16 hex digits
+/// of a hash of the whole name.
+pub fn fence_id(policy: &str) -> String {
+    if policy.len() <= 63 {
+        return policy.to_string();
+    }
+    // FNV-1a: stable across versions and platforms (the id is written on nodes).
+    let hash = policy.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let head = policy[..46].trim_end_matches(['-', '.']);
+    format!("{head}-{hash:016x}")
+}
+
+/// The key of a policy's draining taint: `draining.gpu-defrag.io/<fence id>`.
+pub fn draining_taint_key(policy: &str) -> String {
+    format!("{DRAINING_TAINT_DOMAIN}/{}", fence_id(policy))
+}
+
 /// The taint a run puts on nodes it empties.
 pub fn draining_taint(policy: &str) -> serde_json::Value {
-    json!({"key": DRAINING_TAINT, "value": policy, "effect": "NoSchedule"})
+    json!({"key": draining_taint_key(policy), "value": fence_id(policy), "effect": "NoSchedule"})
+}
+
+/// Whether a taint (`key`, `value`) is a draining fence of this policy (its own key, or the
+/// earlier single key with its name as value).
+pub fn is_fence_of(key: &str, value: Option<&str>, policy: &str) -> bool {
+    key == draining_taint_key(policy) || (key == LEGACY_DRAINING_TAINT && value == Some(policy))
+}
+
+/// The fence id of a draining taint (`key`, `value`) of any policy; None for other taints.
+/// An earlier single-key fence gives its value (the policy name) as id.
+pub fn fence_owner(key: &str, value: Option<&str>) -> Option<String> {
+    if key == LEGACY_DRAINING_TAINT {
+        return Some(fence_id(value.unwrap_or_default()));
+    }
+    key.strip_prefix(DRAINING_TAINT_DOMAIN)
+        .and_then(|rest| rest.strip_prefix('/'))
+        .map(str::to_string)
 }
 
 /// Whether a node carries this policy's draining taint.
@@ -91,7 +128,7 @@ pub fn has_draining_taint(n: &Node, policy: &str) -> bool {
         .and_then(|s| s.taints.as_ref())
         .is_some_and(|ts| {
             ts.iter()
-                .any(|t| t.key == DRAINING_TAINT && t.value.as_deref() == Some(policy))
+                .any(|t| is_fence_of(&t.key, t.value.as_deref(), policy))
         })
 }
 
@@ -119,12 +156,40 @@ mod tests {
     }
 
     #[test]
-    fn only_this_policys_taint_counts() {
+    fn each_policy_has_its_own_fence_key() {
         let n: Node =
             serde_json::from_value(json!({"metadata": {"name": "n"}, "spec": {"taints": [
-            {"key": DRAINING_TAINT, "value": "other", "effect": "NoSchedule"}]}}))
+            draining_taint("other"),
+            {"key": LEGACY_DRAINING_TAINT, "value": "old", "effect": "NoSchedule"}]}}))
             .unwrap();
+        assert_eq!(draining_taint_key("other"), "draining.gpu-defrag.io/other");
         assert!(!has_draining_taint(&n, "mine"));
         assert!(has_draining_taint(&n, "other"));
+        assert!(
+            has_draining_taint(&n, "old"),
+            "an earlier single-key fence is still known"
+        );
+        assert_eq!(
+            fence_owner("draining.gpu-defrag.io/other", Some("other")),
+            Some("other".into())
+        );
+        assert_eq!(
+            fence_owner(LEGACY_DRAINING_TAINT, Some("old")),
+            Some("old".into())
+        );
+        assert_eq!(fence_owner("node.kubernetes.io/unschedulable", None), None);
+    }
+
+    #[test]
+    fn long_policy_names_get_a_short_stable_distinct_id() {
+        let a = format!("{}-a", "x".repeat(70));
+        let b = format!("{}-b", "x".repeat(70));
+        let (ia, ib) = (fence_id(&a), fence_id(&b));
+        assert!(ia.len() <= 63 && ib.len() <= 63, "{ia}");
+        assert_ne!(ia, ib);
+        assert_eq!(ia, fence_id(&a), "stable");
+        assert!(ia.starts_with(&"x".repeat(46)));
+        assert_eq!(fence_id("nightly"), "nightly");
+        assert_eq!(fence_id(&"y".repeat(63)), "y".repeat(63));
     }
 }

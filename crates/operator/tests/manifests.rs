@@ -127,7 +127,13 @@ fn cluster_role_is_least_privilege() {
         grant("policy", "poddisruptionbudgets", &["get", "list", "watch"]),
         grant("events.k8s.io", "events", &["create", "patch"]),
         grant("", "events", &["create", "patch"]),
-        grant("gpu-defrag.io", "defragpolicies", &["get", "list", "watch"]),
+        // patch: the finalizer that takes a deleted policy's fences back.
+        grant(
+            "gpu-defrag.io",
+            "defragpolicies",
+            &["get", "list", "patch", "watch"],
+        ),
+        grant("gpu-defrag.io", "defragpolicies/finalizers", &["update"]),
         grant(
             "gpu-defrag.io",
             "defragpolicies/status",

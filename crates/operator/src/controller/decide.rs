@@ -90,6 +90,8 @@ pub struct Situation<'a> {
     pub old: &'a DefragPolicyStatus,
     /// `mode: Enforce`.
     pub enforce: bool,
+    /// `suspend: true`.
+    pub suspended: bool,
     /// The conflict with an older policy, if any.
     pub conflict: Option<&'a str>,
     /// The window open now.
@@ -121,33 +123,60 @@ pub enum RunDecision {
         /// Its window's end.
         end: DateTime<Utc>,
     },
-    /// A recorded run no task owns cannot go on: end it and remove its fences.
-    Abandon(RunResult),
+    /// The run in progress must stop before its next eviction (why).
+    Stop(String),
+    /// A recorded run no task owns cannot go on: end it with this result and message, and
+    /// remove its fences.
+    Abandon(RunResult, String),
     /// Start a run that ends at the window's end.
     Start(DateTime<Utc>),
     /// No run: remove fences this policy may have left.
     RemoveStaleFences,
 }
 
+/// Why a run of this policy must not go on, if it must not: suspended or DryRun.
+pub fn must_stop(s: &Situation) -> Option<&'static str> {
+    if s.suspended {
+        Some("the policy was suspended (spec.suspend)")
+    } else if !s.enforce {
+        Some("the policy was switched to DryRun")
+    } else {
+        None
+    }
+}
+
 /// The run decision; `running` says whether a run task of the policy is alive.
 pub fn run_decision(s: &Situation, running: bool) -> RunDecision {
+    let stop = must_stop(s);
     if running {
-        return RunDecision::Nothing;
+        return match stop {
+            Some(why) => RunDecision::Stop(why.to_string()),
+            None => RunDecision::Nothing,
+        };
     }
-    let may_act = s.enforce && s.conflict.is_none();
+    let may_act = stop.is_none() && s.conflict.is_none();
+    let restarted =
+        "the operator restarted outside the run's window (or the policy changed); fences removed";
     match (&s.old.active_run, s.open) {
         (Some(active), Some(_)) if may_act => match parse_ts(&active.window_end) {
             Some(end) if end > s.now => RunDecision::Resume {
                 record: Box::new(active.clone()),
                 end,
             },
-            _ => RunDecision::Abandon(RunResult::Aborted),
+            _ => RunDecision::Abandon(RunResult::Aborted, restarted.to_string()),
         },
-        (Some(_), open) => RunDecision::Abandon(if open.is_none() {
-            RunResult::WindowClosed
-        } else {
-            RunResult::Aborted
-        }),
+        (Some(_), _) if stop.is_some() => RunDecision::Abandon(
+            RunResult::Stopped,
+            format!("stopped: {}; fences removed", stop.unwrap_or_default()),
+        ),
+        (Some(_), open) => RunDecision::Abandon(
+            if open.is_none() {
+                RunResult::WindowClosed
+            } else {
+                RunResult::Aborted
+            },
+            restarted.to_string(),
+        ),
         (None, Some(span)) if may_act && s.triggered() && !s.plan.moves.is_empty() => {
             // One run per window: overlapping openings (e.g. `* * * * *` with a 1h
             // duration) count as the window of the last run until it ends.
@@ -169,7 +198,9 @@ pub fn run_decision(s: &Situation, running: bool) -> RunDecision {
 
 /// Why no run is executing, for the `Executing=False` message.
 pub fn why_not_executing(s: &Situation) -> String {
-    if !s.enforce {
+    if s.suspended {
+        "suspended (spec.suspend): plan only".to_string()
+    } else if !s.enforce {
         "mode DryRun: plan only".to_string()
     } else if s.conflict.is_some() {
         "conflict with an older policy".to_string()
@@ -687,10 +718,12 @@ mod tests {
             ..Default::default()
         };
         let none = DefragPolicyStatus::default();
+        let restarted = "the operator restarted outside the run's window (or the policy changed); fences removed";
         let sit = |old, enforce, conflict, open, plan| Situation {
             now,
             old,
             enforce,
+            suspended: false,
             conflict,
             open,
             report: &report,
@@ -713,15 +746,18 @@ mod tests {
         // Closed window, DryRun, or a conflict: the recorded run is abandoned.
         assert_eq!(
             run_decision(&sit(&with_run, true, None, None, &one), false),
-            RunDecision::Abandon(RunResult::WindowClosed)
+            RunDecision::Abandon(RunResult::WindowClosed, restarted.into())
         );
         assert_eq!(
             run_decision(&sit(&with_run, false, None, open, &one), false),
-            RunDecision::Abandon(RunResult::Aborted)
+            RunDecision::Abandon(
+                RunResult::Stopped,
+                "stopped: the policy was switched to DryRun; fences removed".into()
+            )
         );
         assert_eq!(
             run_decision(&sit(&with_run, true, Some("older"), open, &one), false),
-            RunDecision::Abandon(RunResult::Aborted)
+            RunDecision::Abandon(RunResult::Aborted, restarted.into())
         );
         // No run: start one only with moves, in Enforce, without a conflict.
         assert_eq!(
@@ -762,6 +798,7 @@ mod tests {
             now: at("2026-12-04T02:30:00Z"),
             old: &old,
             enforce,
+            suspended: false,
             conflict,
             open,
             report: &report,
@@ -814,6 +851,7 @@ mod tests {
             now: at("2026-12-04T02:30:00Z"),
             old: &old,
             enforce: false,
+            suspended: false,
             conflict: None,
             open: None,
             report: &report,
@@ -856,6 +894,7 @@ mod tests {
             now: at(now),
             old: &old,
             enforce: false,
+            suspended: false,
             conflict: None,
             open: None,
             report: &report,
@@ -904,5 +943,59 @@ mod tests {
         );
         let (_, none) = validate(&spec(json!({}))).unwrap();
         assert_eq!(requeue_after(&none, at("2026-12-04T00:00:00Z")), RESYNC);
+    }
+
+    #[test]
+    fn dry_run_or_suspend_stops_a_live_run_and_ends_a_recorded_one() {
+        let (report, _, one) = plans();
+        let open = Some(span("2026-12-04T02:00:00Z", "2026-12-04T03:00:00Z"));
+        let with_run = DefragPolicyStatus {
+            active_run: Some(RunRecord {
+                id: "r1".into(),
+                window_end: "2026-12-04T03:00:00Z".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let none = DefragPolicyStatus::default();
+        let sit = |old, enforce, suspended| Situation {
+            now: at("2026-12-04T02:30:00Z"),
+            old,
+            enforce,
+            suspended,
+            conflict: None,
+            open,
+            report: &report,
+            plan: &one,
+            min_fragment_rate: 0.0,
+        };
+        assert_eq!(
+            run_decision(&sit(&with_run, false, false), true),
+            RunDecision::Stop("the policy was switched to DryRun".into())
+        );
+        assert_eq!(
+            run_decision(&sit(&with_run, true, true), true),
+            RunDecision::Stop("the policy was suspended (spec.suspend)".into())
+        );
+        assert_eq!(
+            run_decision(&sit(&with_run, true, false), true),
+            RunDecision::Nothing
+        );
+        assert_eq!(
+            run_decision(&sit(&with_run, true, true), false),
+            RunDecision::Abandon(
+                RunResult::Stopped,
+                "stopped: the policy was suspended (spec.suspend); fences removed".into()
+            )
+        );
+        // Suspended: no run starts, and Executing says why.
+        assert_eq!(
+            run_decision(&sit(&none, true, true), false),
+            RunDecision::RemoveStaleFences
+        );
+        assert_eq!(
+            why_not_executing(&sit(&none, true, true)),
+            "suspended (spec.suspend): plan only"
+        );
     }
 }

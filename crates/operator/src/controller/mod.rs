@@ -17,13 +17,15 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tokio::sync::Mutex;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::context::{Ctx, Error, Events};
+use crate::executor::fences;
 use crate::idle::IdleSource;
 use crate::koord::Devices;
 use crate::lease::LeaderState;
@@ -32,12 +34,35 @@ use crate::objects::{trim_node, trim_pod};
 use crate::owners::Owners;
 pub use reconcile::reconcile;
 
-/// [`reconcile`]; a success resets the policy's retry backoff.
+/// Name of the finalizer that guarantees a deleted policy's fences are taken back, also
+/// when the operator was down at the time.
+pub const FINALIZER: &str = "gpu-defrag.io/fences";
+
+/// How often (and once at start, as leader) fences of policies that no longer exist are
+/// looked for.
+pub const ORPHAN_SWEEP_EVERY: Duration = Duration::from_secs(300);
+
+/// One reconcile of a policy: behind the finalizer ([`reconcile`] while it lives,
+/// [`reconcile::cleanup`] once it is deleted); a success resets its retry backoff.
 async fn reconcile_and_reset_backoff(
     dp: Arc<DefragPolicy>,
     ctx: Arc<Ctx>,
 ) -> Result<Action, Error> {
-    let r = reconcile(dp.clone(), ctx.clone()).await;
+    let r = match reconcile::gate(&ctx) {
+        Some(wait) => Ok(Action::requeue(wait)),
+        None => {
+            let api: Api<DefragPolicy> = Api::all(ctx.client.clone());
+            let c = ctx.clone();
+            finalizer(&api, FINALIZER, dp.clone(), |event| async move {
+                match event {
+                    FinalizerEvent::Apply(dp) => reconcile(dp, c).await,
+                    FinalizerEvent::Cleanup(dp) => reconcile::cleanup(dp, c).await,
+                }
+            })
+            .await
+            .map_err(Error::from)
+        }
+    };
     if r.is_ok() {
         ctx.failures
             .lock()
@@ -218,6 +243,8 @@ pub async fn run(
             }
         });
     }
+    // Fences of policies that no longer exist are removed (at start, then periodically).
+    tokio::spawn(sweep_orphan_fences(ctx.clone()));
     // Ready once the caches are filled.
     let (n, p, b) = (nodes.clone(), pods.clone(), pdbs.clone());
     let (ready2, caches) = (ready.clone(), ctx.caches_ready.clone());
@@ -242,6 +269,35 @@ pub async fn run(
         })
         .await;
     Ok(())
+}
+
+/// Removes the fences of policies that no longer exist, once the caches are full and this
+/// replica leads, then every [`ORPHAN_SWEEP_EVERY`]. Every policy of the cluster counts,
+/// whatever operator (`--policy-selector`) reconciles it.
+async fn sweep_orphan_fences(ctx: Arc<Ctx>) {
+    loop {
+        if ctx.leader.is_leader() && ctx.caches_ready.load(std::sync::atomic::Ordering::SeqCst) {
+            // Nodes first: a fence seen here is older than the policy list below.
+            let nodes = ctx.nodes.state();
+            let api: Api<DefragPolicy> = Api::all(ctx.client.clone());
+            match api.list_metadata(&ListParams::default()).await {
+                Ok(list) => {
+                    let names = list.items.iter().map(|p| p.name_any()).collect();
+                    match fences::remove_orphans(&ctx.client, &nodes, &names).await {
+                        Ok(0) => {}
+                        Ok(n) => {
+                            info!(nodes = n, "removed fences of policies that no longer exist")
+                        }
+                        Err(e) => warn!(error = %e, "could not remove fences of deleted policies"),
+                    }
+                }
+                Err(e) => warn!(error = %e, "could not list policies for the fence sweep"),
+            }
+            tokio::time::sleep(ORPHAN_SWEEP_EVERY).await;
+        } else {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
 }
 
 /// How often cluster changes reconcile every policy, at most.

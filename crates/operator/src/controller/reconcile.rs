@@ -11,16 +11,18 @@ use gpu_defrag_api::values::RunResult;
 use gpu_defrag_core::plan::Plan;
 use gpu_defrag_core::policy::Policy;
 use gpu_defrag_core::windows::Windows;
+use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
+use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde_json::json;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::decide::{self, IdleView, Invalid, RunDecision, Situation};
 use crate::apiclient;
 use crate::context::{Ctx, Error, EventReason, Observed, RECONCILE_MANAGER, patch_status};
-use crate::executor::{self, evictor::Evictor};
+use crate::executor::{self, evictor::Evictor, fences};
 use crate::metrics::ReportNumbers;
 use crate::objects::ts;
 use crate::status;
@@ -51,6 +53,7 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
         now,
         old: &old,
         enforce: decide::enforces(&dp),
+        suspended: dp.spec.suspend,
         conflict: conflict.as_deref(),
         open: windows.open_at(now),
         report: &obs.report,
@@ -95,7 +98,7 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
 
 /// Standby replicas compute nothing and write nothing; nobody plans (or resumes a run) on
 /// a partial view of the cluster. Some: come back after that long.
-fn gate(ctx: &Ctx) -> Option<Duration> {
+pub fn gate(ctx: &Ctx) -> Option<Duration> {
     if !ctx.leader.is_leader() {
         return Some(Duration::from_secs(10));
     }
@@ -103,6 +106,48 @@ fn gate(ctx: &Ctx) -> Option<Duration> {
         return Some(Duration::from_secs(1));
     }
     None
+}
+
+/// How long a deleted policy's run may take to stop and take its fences back before it is
+/// cut short (its fences are then removed here).
+pub const STOP_WAIT: Duration = Duration::from_secs(30);
+
+/// A deleted policy (its finalizer): its run stops before the next eviction and takes its
+/// fences back; a run no task owns (the operator was down) is ended here; then any fence
+/// of the policy still on a node is removed. Only then may the object go.
+pub async fn cleanup(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let name = dp.name_any();
+    let why = "the policy was deleted";
+    if ctx.request_stop(&name, why).await && !ctx.wait_run_end(&name, STOP_WAIT).await {
+        warn!(policy = %name, "the run did not stop in time; cutting it short");
+        ctx.stop_run(&name).await;
+    }
+    // The record as the run left it.
+    let api: Api<DefragPolicy> = Api::all(ctx.client.clone());
+    let fresh = match api.get(&name).await {
+        Ok(p) => p,
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Action::await_change()),
+        Err(e) => return Err(e.into()),
+    };
+    if fresh
+        .status
+        .as_ref()
+        .is_some_and(|s| s.active_run.is_some())
+    {
+        let msg = format!("stopped: {why}; fences removed");
+        executor::abandon(&ctx, &fresh, RunResult::Stopped, &msg).await?;
+    }
+    // A live list: the cache may lag the run's last fence edits.
+    let nodes: Vec<Arc<Node>> = Api::<Node>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+    fences::remove_stale(&ctx.client, &nodes, &name).await?;
+    info!(policy = %name, "policy deleted: its fences are removed");
+    Ok(Action::await_change())
 }
 
 /// A Warning event for each API-server outage that ended since the last reconcile.
@@ -166,9 +211,14 @@ async fn act(
             executor::start(ctx.clone(), dp.clone(), policy.clone(), end, Some(*record)).await;
             note
         }
-        RunDecision::Abandon(result) => {
-            info!(policy = %name, result = result.as_str(), "cleaning up a run left by a previous operator process");
-            executor::abandon(ctx, dp, result, "the operator restarted outside the run's window (or the policy changed); fences removed").await?;
+        RunDecision::Stop(why) => {
+            info!(policy = %name, why = %why, "stopping the run");
+            ctx.request_stop(&name, &why).await;
+            format!("stopping the run: {why}")
+        }
+        RunDecision::Abandon(result, why) => {
+            info!(policy = %name, result = result.as_str(), "ending a run no task owns");
+            executor::abandon(ctx, dp, result, &why).await?;
             String::new()
         }
         RunDecision::Start(end) => {

@@ -3,7 +3,6 @@
 //! read-modify-write guarded by the node's resourceVersion.
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpu_defrag_api::DRAINING_TAINT;
 use gpu_defrag_api::v1alpha1::{FencedDevice, RunRecord};
 use gpu_defrag_core::fence;
 use gpu_defrag_core::plan::{FencedDevice as PlannedDevice, Plan};
@@ -14,7 +13,7 @@ use serde_json::json;
 use tracing::info;
 
 use crate::context::{Error, FenceError};
-use crate::objects::{draining_taint, has_draining_taint};
+use crate::objects::{draining_taint, fence_owner, has_draining_taint, is_fence_of};
 
 /// What a run fences: whole nodes and single GPUs `(node, gpu)`.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -153,12 +152,22 @@ async fn edit_node(
     }))
 }
 
-/// Puts the policy's draining taint on a node.
+/// `(key, value)` of a taint as an edit sees it.
+fn key_value(t: &serde_json::Value) -> (&str, Option<&str>) {
+    (
+        t.get("key").and_then(|k| k.as_str()).unwrap_or_default(),
+        t.get("value").and_then(|v| v.as_str()),
+    )
+}
+
+/// Puts the policy's draining taint on a node (its own key: other policies' fences stay).
 async fn set_taint(client: &Client, node: &str, policy: &str) -> Result<(), Error> {
     let want = draining_taint(policy);
     edit_node(client, node, |n| {
-        n.taints
-            .retain(|x| x.get("key").and_then(|k| k.as_str()) != Some(DRAINING_TAINT));
+        n.taints.retain(|t| {
+            let (k, v) = key_value(t);
+            !is_fence_of(k, v, policy)
+        });
         n.taints.push(want.clone());
         Ok(())
     })
@@ -168,9 +177,25 @@ async fn set_taint(client: &Client, node: &str, policy: &str) -> Result<(), Erro
 /// Removes this policy's fence from a node (fences of other policies stay).
 async fn remove_taint(client: &Client, node: &str, policy: &str) -> Result<(), Error> {
     edit_node(client, node, |n| {
-        n.taints.retain(|x| {
-            !(x.get("key").and_then(|k| k.as_str()) == Some(DRAINING_TAINT)
-                && x.get("value").and_then(|v| v.as_str()) == Some(policy))
+        n.taints.retain(|t| {
+            let (k, v) = key_value(t);
+            !is_fence_of(k, v, policy)
+        });
+        Ok(())
+    })
+    .await
+}
+
+/// Removes the draining taints whose fence id is not in `known` (their policy is gone).
+async fn remove_orphan_taints(
+    client: &Client,
+    node: &str,
+    known: &BTreeSet<String>,
+) -> Result<(), Error> {
+    edit_node(client, node, |n| {
+        n.taints.retain(|t| {
+            let (k, v) = key_value(t);
+            fence_owner(k, v).is_none_or(|id| known.contains(&id))
         });
         Ok(())
     })
@@ -266,6 +291,51 @@ pub async fn remove_stale(
         uncordon_devices(client, &n.name_any(), policy).await?;
     }
     Ok(())
+}
+
+/// Removes the fences of policies that no longer exist: draining taints whose fence id
+/// and single-GPU claims whose policy name is not in `policies` (every DefragPolicy of the
+/// cluster, whatever operator reconciles it). `nodes` must be read before `policies` were
+/// listed, so that no fence of a policy newer than the list is ever seen.
+pub async fn remove_orphans(
+    client: &Client,
+    nodes: &[std::sync::Arc<Node>],
+    policies: &BTreeSet<String>,
+) -> Result<usize, Error> {
+    let ids: BTreeSet<String> = policies
+        .iter()
+        .map(|p| crate::objects::fence_id(p))
+        .collect();
+    let mut removed = 0;
+    for n in nodes {
+        let name = n.name_any();
+        let orphan_taints = n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|ts| {
+                ts.iter().any(|t| {
+                    fence_owner(&t.key, t.value.as_deref()).is_some_and(|id| !ids.contains(&id))
+                })
+            });
+        if orphan_taints {
+            info!(node = %name, "removing draining taints of policies that no longer exist");
+            remove_orphan_taints(client, &name, &ids).await?;
+            removed += 1;
+        }
+        let claims = n
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| fence::claims(a).ok())
+            .unwrap_or_default();
+        for policy in claims.keys().filter(|p| !policies.contains(*p)) {
+            info!(node = %name, policy = %policy, "removing single-GPU fences of a policy that no longer exists");
+            uncordon_devices(client, &name, policy).await?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
 }
 
 #[cfg(test)]

@@ -31,7 +31,9 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 use tracing::{info, warn};
 
-use crate::context::{Ctx, EXECUTOR_MANAGER, Error, EventReason, RunHandle, patch_status};
+use crate::context::{
+    Ctx, EXECUTOR_MANAGER, Error, EventReason, RunHandle, StopRequest, patch_status,
+};
 use crate::objects::{controller_of, pod_node, ts};
 use crate::status;
 use evictor::{EvictionResult, Evictor};
@@ -49,13 +51,15 @@ pub async fn start(
 ) {
     let name = dp.name_any();
     let c2 = ctx.clone();
+    let stop = StopRequest::default();
+    let s2 = stop.clone();
     let task = tokio::spawn(async move {
-        if let Err(e) = run(c2.clone(), dp.clone(), policy, window_end, resume).await {
-            warn!(policy = %dp.name_any(), error = %e, "run failed; fences are removed by the next reconcile");
+        if let Err(e) = run(c2.clone(), dp.clone(), policy, window_end, resume, s2).await {
+            warn!(policy = %dp.name_any(), error = %e, "run failed; its record is ended by the next reconcile");
             c2.metrics.reconcile_error(&dp.name_any(), e.kind());
         }
     });
-    ctx.runs.lock().await.insert(name, RunHandle { task });
+    ctx.runs.lock().await.insert(name, RunHandle { task, stop });
 }
 
 /// Writes the executor's part of status: the active run (or none) and the last runs.
@@ -115,32 +119,27 @@ async fn run(
     policy: Policy,
     window_end: DateTime<Utc>,
     resume: Option<RunRecord>,
+    stop: StopRequest,
 ) -> Result<(), Error> {
-    let (mut run, moves) = Run::plan(ctx, dp, policy, window_end, resume).await;
+    let (mut run, moves) = Run::plan(ctx, dp, policy, window_end, resume, stop).await;
     // 1. Record first, so a restart can resume or clean up.
     run.record_start().await?;
-    // 2. Fence.
-    fences::set(&run.ctx.client, &run.name, &run.rec).await?;
-    // 3–5. Evict, pace, wait.
-    let mut stop = None;
-    for (m, workload) in &moves {
-        stop = run
-            .wait_for_room(workload.as_ref())
-            .await
-            .or_else(|| run.guard());
-        if stop.is_some() {
-            break;
+    // 2. Fence. 3–5. Evict, pace, wait. A step that fails takes the fences back first.
+    let mut stop = match run.fence_and_evict(&moves).await {
+        Ok(stop) => stop,
+        Err(e) => {
+            if let Err(unfence) = fences::remove(&run.ctx.client, &run.name, &run.rec).await {
+                warn!(policy = %run.name, error = %unfence, "could not take the run's fences back; the next reconcile retries");
+            }
+            return Err(e);
         }
-        if let Some((pod, owner)) = run.still_planned(m) {
-            run.evict(m, &pod, owner).await?;
-        }
-    }
+    };
     if stop == Some(Stop::LostLeadership) {
         // The new leader resumes from the recorded run; it owns the fences now.
         info!(policy = %run.name, "lost leadership; leaving the run to the new leader");
         return Ok(());
     }
-    // Moves in flight finish, even after the window closed.
+    // Moves in flight finish, even after the window closed (not after a stop request).
     run.finish_in_flight(&mut stop).await;
     // 6. Unfence, record.
     fences::remove(&run.ctx.client, &run.name, &run.rec).await?;
@@ -165,6 +164,7 @@ struct Run {
     fences: Fences,
     waits: Waits,
     evictor: Evictor,
+    stop: StopRequest,
 }
 
 impl Run {
@@ -177,6 +177,7 @@ impl Run {
         policy: Policy,
         window_end: DateTime<Utc>,
         resume: Option<RunRecord>,
+        stop: StopRequest,
     ) -> (Self, Vec<(Move, Option<Workload>)>) {
         let name = dp.name_any();
         let old = dp.status.clone().unwrap_or_default();
@@ -250,6 +251,7 @@ impl Run {
             last_runs: old.last_runs,
             cut,
             fences,
+            stop,
         };
         (run, moves)
     }
@@ -280,6 +282,33 @@ impl Run {
         Ok(())
     }
 
+    /// Sets the fences, then evicts the planned moves in order, paced by the waits; says
+    /// why it stopped early, if it did.
+    async fn fence_and_evict(
+        &mut self,
+        moves: &[(Move, Option<Workload>)],
+    ) -> Result<Option<Stop>, Error> {
+        fences::set(&self.ctx.client, &self.name, &self.rec).await?;
+        for (m, workload) in moves {
+            let stop = self
+                .wait_for_room(workload.as_ref())
+                .await
+                .or_else(|| self.guard());
+            if stop.is_some() {
+                return Ok(stop);
+            }
+            if let Some((pod, owner)) = self.still_planned(m) {
+                self.evict(m, &pod, owner).await?;
+            }
+        }
+        Ok(None)
+    }
+
+    /// Why the run was asked to stop, if it was.
+    fn stop_requested(&self) -> Option<Stop> {
+        self.stop.requested().map(Stop::Requested)
+    }
+
     /// Checks the waits once.
     fn settle(&mut self) -> Result<(), Stop> {
         self.waits.settle(
@@ -298,6 +327,9 @@ impl Run {
         let in_flight_max = self.policy.max_in_flight.max(1) as usize;
         let per_workload = self.policy.max_unavailable_per_workload.max(1) as usize;
         loop {
+            if let Some(stop) = self.stop_requested() {
+                return Some(stop);
+            }
             if let Err(stop) = self.settle() {
                 return Some(stop);
             }
@@ -310,8 +342,12 @@ impl Run {
         }
     }
 
-    /// The guards checked before each eviction: leadership, the window, pending GPU pods.
+    /// The guards checked before each eviction: a stop request, leadership, the window,
+    /// pending GPU pods.
     fn guard(&self) -> Option<Stop> {
+        if let Some(stop) = self.stop_requested() {
+            return Some(stop);
+        }
         if !self.ctx.leader.is_leader() {
             return Some(Stop::LostLeadership);
         }
@@ -358,9 +394,16 @@ impl Run {
         Ok(())
     }
 
-    /// Waits for the replacements still pending (a stall ends the wait).
+    /// Waits for the replacements still pending (a stall or a stop request ends the wait).
     async fn finish_in_flight(&mut self, stop: &mut Option<Stop>) {
         while !self.waits.open.is_empty() {
+            if matches!(stop, Some(Stop::Requested(_))) {
+                break;
+            }
+            if let Some(s) = self.stop_requested() {
+                *stop = Some(s);
+                break;
+            }
             if let Err(s) = self.settle() {
                 stop.get_or_insert(s);
                 break;

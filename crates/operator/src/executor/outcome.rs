@@ -17,6 +17,8 @@ pub enum Stop {
     PendingPileUp(usize),
     /// Another replica became leader.
     LostLeadership,
+    /// Asked to stop: the policy was switched to DryRun, suspended or deleted (why).
+    Requested(String),
 }
 
 /// What the API server answered to one eviction.
@@ -92,6 +94,7 @@ pub fn result_of(stop: Option<&Stop>, rec: &RunRecord) -> (RunResult, String) {
             format!("{n} GPU pods pending (more than safety.maxPendingGpuPods)"),
         ),
         Some(Stop::LostLeadership) => (RunResult::Aborted, "lost leadership".to_string()),
+        Some(Stop::Requested(why)) => (RunResult::Stopped, format!("stopped: {why}")),
         None if rec.blocked + rec.failed + rec.bounced > 0 => (
             RunResult::Partial,
             "some moves were blocked, failed or bounced".to_string(),
@@ -215,6 +218,13 @@ mod tests {
         assert_eq!(
             result_of(Some(&Stop::LostLeadership), &clean).0,
             RunResult::Aborted
+        );
+        assert_eq!(
+            result_of(
+                Some(&Stop::Requested("the policy was deleted".into())),
+                &bumpy
+            ),
+            (RunResult::Stopped, "stopped: the policy was deleted".into())
         );
     }
 
