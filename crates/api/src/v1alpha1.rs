@@ -645,6 +645,17 @@ pub struct FencedDevice {
     pub gpu: String,
 }
 
+/// An eviction whose replacement is not Ready yet.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, schemars::JsonSchema)]
+pub struct InFlightEviction {
+    /// `namespace/name` of the evicted pod.
+    pub pod: String,
+    /// Its UID.
+    pub uid: String,
+    /// `Kind/name` of its controller (the replacement's owner).
+    pub owner: String,
+}
+
 /// A run: one execution of the plan inside one window.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -683,6 +694,15 @@ pub struct RunRecord {
     pub bounced: i64,
     /// Evictions that failed otherwise.
     pub failed: i64,
+    /// Planned evictions not sent: the pod was no longer safe to move when its turn came
+    /// (re-checked before each eviction), or another eviction of its drain unit was
+    /// refused (a unit is drained whole or not at all).
+    #[serde(default)]
+    pub skipped: i64,
+    /// Evictions whose replacement is not Ready yet: a run resumed after a restart waits
+    /// for them before it evicts anything else.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub in_flight: Vec<InFlightEviction>,
     /// `namespace/name` of every pod evicted so far, so a restart never repeats one (the
     /// active run's record stays under 48 KiB; a finished run keeps the first 20).
     #[serde(default)]

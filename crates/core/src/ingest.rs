@@ -302,6 +302,7 @@ fn base_pod(p: &corev1::Pod, nodes: &[Node]) -> (Pod, Requests) {
     let pod = Pod {
         namespace: meta.namespace.clone().unwrap_or_default(),
         name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
         node,
         node_name,
         phase,

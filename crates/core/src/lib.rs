@@ -11,6 +11,7 @@ pub mod ingest;
 pub mod model;
 pub mod plan;
 pub mod policy;
+pub mod recheck;
 pub mod sched;
 pub mod snapshot;
 pub mod windows;

@@ -380,6 +380,8 @@ pub struct Pod {
     pub namespace: String,
     /// Name.
     pub name: String,
+    /// UID (empty when the input has none).
+    pub uid: String,
     /// Index of the node it is bound to, when that node is in the model.
     pub node: Option<usize>,
     /// `spec.nodeName`, when set.

@@ -1027,3 +1027,105 @@ fn every_skip_has_a_distinct_code() {
         );
     }
 }
+
+// ---- The executor's re-check before each eviction -------------------------------------------
+
+/// A planned move, re-checked on a cluster changed after the plan: every change that makes
+/// the eviction unsafe refuses it with its code; the unchanged cluster lets it go.
+#[test]
+fn a_planned_eviction_is_rechecked_on_the_cluster_of_the_moment() {
+    use gpu_defrag_core::recheck::{Planned, Refusal, recheck};
+    let world = |change: &dyn Fn(&mut World, PodJson) -> PodJson| {
+        let mut w = World::new();
+        let pod = w.deployment_pod("ml", "web", "web-1", 1);
+        let twin = w.deployment_pod("ml", "web", "web-2", 1);
+        let pod = change(&mut w, pod);
+        w.pair("a", pod);
+        w.pod(twin.on("recv-a"));
+        w.build()
+    };
+    let planned = Planned {
+        pod: "ml/web-1",
+        uid: "uid-ml-web-1",
+        from: "src-a",
+        to: "recv-a",
+    };
+    let check = |c: &Cluster| recheck(c, planned, &eight_gpu_policy(), now(), &History::default());
+    // Unchanged: the plan moves it, and the re-check lets it go.
+    let unchanged = world(&|_, p| p);
+    assert!(moved(&run(&unchanged, &eight_gpu_policy()), "ml/web-1"));
+    assert_eq!(check(&unchanged), Ok(()));
+    // An opt-out added during the run.
+    let opted = world(&|_, p| p.annotate("gpu-defrag.io/do-not-disrupt", "true"));
+    assert_eq!(check(&opted), Err(Refusal::Unmovable(Skip::OptOut)));
+    // No longer Ready.
+    let unready = world(&|_, p| p.not_ready());
+    assert_eq!(check(&unready), Err(Refusal::Unmovable(Skip::NotReady)));
+    // Another pod under the same name (a StatefulSet would do that): another UID.
+    let replaced = world(&|_, p| {
+        let mut p = p;
+        p.0["metadata"]["uid"] = json!("uid-new");
+        p
+    });
+    assert_eq!(check(&replaced).map_err(Refusal::code), Err("gone"));
+    // Gone altogether, or elsewhere.
+    assert_eq!(
+        recheck(
+            &unchanged,
+            Planned {
+                pod: "ml/web-9",
+                ..planned
+            },
+            &eight_gpu_policy(),
+            now(),
+            &History::default()
+        ),
+        Err(Refusal::Gone)
+    );
+    assert_eq!(
+        recheck(
+            &unchanged,
+            Planned {
+                from: "recv-a",
+                ..planned
+            },
+            &eight_gpu_policy(),
+            now(),
+            &History::default()
+        ),
+        Err(Refusal::Moved)
+    );
+    // Its workload lost a replica in the meantime (the twin is not Ready).
+    let degraded = {
+        let mut w = World::new();
+        let pod = w.deployment_pod("ml", "web", "web-1", 1);
+        let twin = w.deployment_pod("ml", "web", "web-2", 1).not_ready();
+        w.pair("a", pod);
+        w.pod(twin.on("recv-a"));
+        w.build()
+    };
+    assert_eq!(
+        check(&degraded),
+        Err(Refusal::Unmovable(Skip::WorkloadUnavailable))
+    );
+    // The target filled up (another pod took its last 3 free GPUs).
+    let full = world(&|w, p| {
+        w.pod(
+            PodJson::new("infra", "late", 3)
+                .label("app", "late")
+                .on("recv-a"),
+        );
+        p
+    });
+    assert_eq!(check(&full), Err(Refusal::TargetFull));
+    assert_eq!(Refusal::TargetFull.code(), "target-full");
+    // Already evicted by this run.
+    let history = History {
+        evicted: vec!["ml/web-1".into()],
+        ..Default::default()
+    };
+    assert_eq!(
+        recheck(&unchanged, planned, &eight_gpu_policy(), now(), &history),
+        Err(Refusal::Unmovable(Skip::AlreadyMoved))
+    );
+}

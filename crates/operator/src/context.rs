@@ -120,6 +120,8 @@ pub enum EventReason {
     EvictionBlocked,
     /// An eviction failed otherwise.
     EvictionFailed,
+    /// A planned eviction was not sent (no longer safe, or its unit could not be drained).
+    EvictionSkipped,
     /// A run finished.
     RunFinished,
     /// A run no task owned was ended.
@@ -138,6 +140,7 @@ impl EventReason {
             EventReason::Evicted => "Evicted",
             EventReason::EvictionBlocked => "EvictionBlocked",
             EventReason::EvictionFailed => "EvictionFailed",
+            EventReason::EvictionSkipped => "EvictionSkipped",
             EventReason::RunFinished => "RunFinished",
             EventReason::RunAbandoned => "RunAbandoned",
         }

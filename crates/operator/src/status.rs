@@ -193,10 +193,14 @@ pub fn plan_summary(p: &Plan, now: &str) -> PlanSummary {
 /// every pod of those batches evicted and their nodes counted and fenced, stays under
 /// [`MAX_ACTIVE_RUN_BYTES`]. The estimate is from above: each name costs its bytes plus
 /// JSON quotes and separators, each per-node count the longest number.
-pub fn batches_within_record(rec: &RunRecord, plan: &Plan) -> usize {
-    // The counters may grow to their widest while the run goes on.
+pub fn batches_within_record(rec: &RunRecord, plan: &Plan, in_flight_max: usize) -> usize {
+    // The counters may grow to their widest while the run goes on; up to `in_flight_max`
+    // evictions are listed as in flight at once.
     const SLACK: usize = 256;
-    let mut bytes = serde_json::to_vec(rec).map_or(usize::MAX, |v| v.len()) + SLACK;
+    const IN_FLIGHT_ENTRY: usize = 200;
+    let mut bytes = serde_json::to_vec(rec).map_or(usize::MAX, |v| v.len())
+        + SLACK
+        + in_flight_max * IN_FLIGHT_ENTRY;
     let mut counted: std::collections::BTreeSet<&str> =
         rec.evicted_per_node.keys().map(String::as_str).collect();
     let mut fenced: std::collections::BTreeSet<&str> =
@@ -256,6 +260,7 @@ pub fn finished_runs(runs: &[RunRecord]) -> Vec<RunRecord> {
                 r.evicted_per_node = by_count.into_iter().collect();
             }
             r.message = truncate(&r.message, MAX_MESSAGE_BYTES);
+            r.in_flight.clear();
             r
         })
         .collect()
@@ -444,7 +449,7 @@ mod bounds {
         let mut active = run(99, 0);
         active.finished_at = None;
         active.message.clear();
-        let fit = batches_within_record(&active, &plan);
+        let fit = batches_within_record(&active, &plan, 1);
         assert!(fit > 0 && fit < plan.batches.len(), "cut at {fit}");
         let taken = plan.first_batches(fit);
         active.fenced_nodes = taken.fenced_nodes.clone();

@@ -4,7 +4,7 @@
 use gpu_defrag_api::v1alpha1::{DefragPolicy, DryRunCheck};
 use gpu_defrag_core::plan::{Move, Plan};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use kube::api::{Api, EvictParams, PostParams};
+use kube::api::Api;
 use kube::runtime::events::EventType;
 use kube::{Client, Resource, ResourceExt};
 
@@ -49,18 +49,60 @@ impl Evictor {
     }
 
     /// Asks the API server to evict `pod` for the planned move `m` (never a delete: the
-    /// PodDisruptionBudgets apply). Counts the answer and publishes an event on the policy
-    /// (`Evicted`, `EvictionBlocked`, `EvictionFailed`; none for a pod already gone).
-    pub async fn evict(&self, m: &Move, pod: &Pod) -> EvictionResult {
+    /// PodDisruptionBudgets apply), only if it is still the pod with `uid` (a
+    /// precondition: a new pod under the same name is never evicted in its place). An
+    /// answer is counted and announced at once ([`Evictor::report`]); an unanswered one
+    /// (no answer, a timeout, a 5xx: it may have happened) is left to the caller to
+    /// confirm and report.
+    pub async fn evict(&self, m: &Move, pod: &Pod, uid: &str) -> EvictionResult {
         let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
-        let answer = Api::<Pod>::namespaced(self.client.clone(), &ns)
-            .evict(&name, &EvictParams::default())
-            .await;
-        let result = classify(answer.map(|_| ()));
+        let answer = self.post_eviction(&ns, &name, Some(uid), false).await;
+        let result = classify(answer);
+        if !matches!(result, EvictionResult::Unanswered(_)) {
+            self.report(m, pod, &result).await;
+        }
+        result
+    }
+
+    /// Whether an eviction that got no answer happened: the pod is asked for (with backoff
+    /// while the API server fails) until it is seen gone, replaced or terminating
+    /// (`Evicted`) or still there (`Refused`), at most until `deadline` (`Unanswered`).
+    pub async fn confirm(
+        &self,
+        pod: &Pod,
+        uid: &str,
+        deadline: tokio::time::Instant,
+    ) -> EvictionResult {
+        let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+        let api = Api::<Pod>::namespaced(self.client.clone(), &ns);
+        let mut wait = std::time::Duration::from_secs(1);
+        loop {
+            let last = match api.get(&name).await {
+                Err(kube::Error::Api(s)) if s.code == 404 => return EvictionResult::Evicted,
+                Ok(p) if p.metadata.uid.as_deref() != Some(uid) => return EvictionResult::Evicted,
+                Ok(p) if p.metadata.deletion_timestamp.is_some() => return EvictionResult::Evicted,
+                Ok(_) => {
+                    return EvictionResult::Refused(
+                        "the eviction got no answer and the pod is still there".into(),
+                    );
+                }
+                Err(e) => e.to_string(),
+            };
+            if tokio::time::Instant::now() + wait > deadline {
+                return EvictionResult::Unanswered(last);
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(std::time::Duration::from_secs(16));
+        }
+    }
+
+    /// Counts an eviction's result and publishes its event on the policy (`Evicted`,
+    /// `EvictionBlocked`, `EvictionFailed`; none for a pod already gone).
+    pub async fn report(&self, m: &Move, pod: &Pod, result: &EvictionResult) {
         if let Some(label) = result.metric() {
             self.metrics.eviction(&self.policy, label);
         }
-        let (type_, reason, note) = match &result {
+        let (type_, reason, note) = match result {
             EvictionResult::Evicted => (
                 EventType::Normal,
                 EventReason::Evicted,
@@ -79,7 +121,7 @@ impl Evictor {
                 EventReason::EvictionFailed,
                 format!("{}: {e}", m.pod),
             ),
-            EvictionResult::Gone => return result,
+            EvictionResult::Gone => return,
         };
         self.events
             .publish(
@@ -90,27 +132,30 @@ impl Evictor {
                 Some(pod.object_ref(&())),
             )
             .await;
-        result
+    }
+
+    /// Announces a planned eviction that is not sent (`EvictionSkipped`), and why.
+    pub async fn skipped(&self, m: &Move, pod: Option<&Pod>, why: String) {
+        self.events
+            .publish(
+                &self.policy_ref,
+                EventType::Warning,
+                EventReason::EvictionSkipped,
+                format!("{}: not evicted: {why}", m.pod),
+                pod.map(|p| p.object_ref(&())),
+            )
+            .await;
     }
 
     /// Server-side dry run (`dryRun=All`) of the first [`DRY_RUN_CHECKS`] planned
     /// evictions: would the API server (the PodDisruptionBudgets) allow them?
     pub async fn dry_run_check(&self, plan: &Plan) -> DryRunCheck {
         let mut out = DryRunCheck::default();
-        let params = EvictParams {
-            post_options: PostParams {
-                dry_run: true,
-                field_manager: None,
-            },
-            delete_options: None,
-        };
         for m in plan.moves.iter().take(DRY_RUN_CHECKS) {
             let Some((ns, name)) = m.pod.split_once('/') else {
                 continue;
             };
-            let answer = Api::<Pod>::namespaced(self.client.clone(), ns)
-                .evict(name, &params)
-                .await;
+            let answer = self.post_eviction(ns, name, None, true).await;
             let refusal = match answer {
                 Ok(_) => {
                     out.allowed += 1;
@@ -140,12 +185,51 @@ impl Evictor {
     }
 }
 
-/// What an answer of the Eviction API means.
+impl Evictor {
+    /// POSTs an `Eviction` of pod `ns/name` (`policy/v1`), with `uid` as a precondition,
+    /// or as a server-side dry run. Built here rather than with kube's `Api::evict`, whose
+    /// body names the delete options `delete_options`: the API server ignores that field,
+    /// so a precondition set through it would silently not apply.
+    async fn post_eviction(
+        &self,
+        ns: &str,
+        name: &str,
+        uid: Option<&str>,
+        dry_run: bool,
+    ) -> Result<(), kube::Error> {
+        let mut body = serde_json::json!({
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": ns},
+        });
+        if let Some(uid) = uid {
+            body["deleteOptions"] = serde_json::json!({"preconditions": {"uid": uid}});
+        }
+        let mut uri = format!("/api/v1/namespaces/{ns}/pods/{name}/eviction");
+        if dry_run {
+            uri.push_str("?dryRun=All");
+        }
+        let req = http::Request::post(uri)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(serde_json::to_vec(&body).map_err(kube::Error::SerdeError)?)
+            .map_err(kube::Error::HttpError)?;
+        self.client
+            .request::<k8s_openapi::apimachinery::pkg::apis::meta::v1::Status>(req)
+            .await
+            .map(|_| ())
+    }
+}
+
+/// What an answer of the Eviction API means. A 409 is the UID precondition: the pod of
+/// the plan is gone, another one has its name. A 5xx may have been evicted.
 fn classify(answer: Result<(), kube::Error>) -> EvictionResult {
     match answer {
         Ok(()) => EvictionResult::Evicted,
         Err(kube::Error::Api(s)) if s.code == 429 => EvictionResult::Blocked(s.message.clone()),
-        Err(kube::Error::Api(s)) if s.code == 404 => EvictionResult::Gone,
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => EvictionResult::Gone,
+        Err(e @ kube::Error::Api(_)) if matches!(&e, kube::Error::Api(s) if s.code >= 500) => {
+            EvictionResult::Unanswered(e.to_string())
+        }
         Err(e @ kube::Error::Api(_)) => EvictionResult::Refused(e.to_string()),
         Err(e) => EvictionResult::Unanswered(e.to_string()),
     }
@@ -264,6 +348,7 @@ mod tests {
             "ok" => Some(201),
             "pdb" => Some(429),
             "gone" => Some(404),
+            "replaced" => Some(409),
             "forbidden" => Some(403),
             "broken" => Some(500),
             _ => None,
@@ -271,9 +356,17 @@ mod tests {
         let metrics = Metrics::new();
         let e = evictor(client, &metrics);
         let mut results = Vec::new();
-        for name in ["ok", "pdb", "gone", "forbidden", "broken", "silent"] {
+        for name in [
+            "ok",
+            "pdb",
+            "gone",
+            "replaced",
+            "forbidden",
+            "broken",
+            "silent",
+        ] {
             let (m, pod) = planned(name);
-            results.push(e.evict(&m, &pod).await);
+            results.push(e.evict(&m, &pod, &format!("uid-{name}")).await);
         }
         assert_eq!(results[0], EvictionResult::Evicted);
         assert_eq!(
@@ -281,21 +374,21 @@ mod tests {
             EvictionResult::Blocked("answer 429 for pdb".into())
         );
         assert_eq!(results[2], EvictionResult::Gone);
-        assert!(matches!(&results[3], EvictionResult::Refused(e) if e.contains("answer 403")));
-        assert!(matches!(&results[4], EvictionResult::Refused(e) if e.contains("answer 500")));
+        assert_eq!(
+            results[3],
+            EvictionResult::Gone,
+            "the UID precondition failed: another pod has the name"
+        );
+        assert!(matches!(&results[4], EvictionResult::Refused(e) if e.contains("answer 403")));
+        // A 5xx or no answer may have evicted: unknown, left to confirm.
+        assert!(matches!(&results[5], EvictionResult::Unanswered(e) if e.contains("answer 500")));
         assert!(
-            matches!(&results[5], EvictionResult::Unanswered(e) if e.contains("connection reset"))
+            matches!(&results[6], EvictionResult::Unanswered(e) if e.contains("connection reset"))
         );
         assert_eq!(
             event_reasons(&seen),
-            [
-                "Evicted",
-                "EvictionBlocked",
-                "EvictionFailed",
-                "EvictionFailed",
-                "EvictionFailed"
-            ],
-            "no event for a pod already gone"
+            ["Evicted", "EvictionBlocked", "EvictionFailed"],
+            "no event for a pod already gone, none yet for an unknown outcome"
         );
         assert_eq!(
             (
@@ -303,23 +396,91 @@ mod tests {
                 count(&metrics, "blocked"),
                 count(&metrics, "failed")
             ),
-            ("1".into(), "1".into(), "3".into())
+            ("1".into(), "1".into(), "1".into())
         );
-        // Evictions only: never a delete, never a dry run.
+        // Evictions only: never a delete, never a dry run; each with the pod's UID as a
+        // precondition.
         let requests = seen.lock().unwrap().clone();
-        let evictions: Vec<&String> = requests
+        let evictions: Vec<&(String, Value)> = requests
             .iter()
-            .map(|(t, _)| t)
-            .filter(|t| t.contains("/eviction"))
+            .filter(|(t, _)| t.contains("/eviction"))
             .collect();
-        assert_eq!(evictions.len(), 6);
-        assert!(
-            evictions
-                .iter()
-                .all(|t| t.starts_with("POST /api/v1/namespaces/ml/pods/"))
-        );
-        assert!(evictions.iter().all(|t| !t.contains("dryRun")));
+        assert_eq!(evictions.len(), 7);
+        for (target, body) in &evictions {
+            assert!(
+                target.starts_with("POST /api/v1/namespaces/ml/pods/"),
+                "{target}"
+            );
+            assert!(!target.contains("dryRun"), "{target}");
+            let pod = target.split('/').nth(6).unwrap_or_default();
+            assert_eq!(body.pointer("/kind"), Some(&json!("Eviction")), "{body}");
+            assert_eq!(
+                body.pointer("/deleteOptions/preconditions/uid"),
+                Some(&json!(format!("uid-{pod}"))),
+                "{body}"
+            );
+        }
         assert!(requests.iter().all(|(t, _)| !t.starts_with("DELETE")));
+    }
+
+    #[tokio::test]
+    async fn an_unanswered_eviction_is_confirmed_by_looking_at_the_pod() {
+        // GET answers: `gone` 404; `still` the same pod; `terminating` the same pod being
+        // deleted; `renamed` another UID; `down` no answer at all.
+        let seen: Seen = Arc::default();
+        let log = seen.clone();
+        let service = tower::service_fn(move |req: Request<kube::client::Body>| {
+            let log = log.clone();
+            async move {
+                let target = format!("{} {}", req.method(), req.uri());
+                log.lock().unwrap().push((target.clone(), Value::Null));
+                let pod = target.rsplit('/').next().unwrap_or_default().to_string();
+                let meta = |uid: &str, deleting: bool| {
+                    let mut m = json!({"name": pod, "namespace": "ml", "uid": uid});
+                    if deleting {
+                        m["deletionTimestamp"] = json!("2026-12-04T02:00:00Z");
+                    }
+                    json!({"apiVersion": "v1", "kind": "Pod", "metadata": m})
+                };
+                let (code, body) = match pod.as_str() {
+                    "gone" => (
+                        404,
+                        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "not found", "code": 404}),
+                    ),
+                    "still" => (200, meta("uid-still", false)),
+                    "terminating" => (200, meta("uid-terminating", true)),
+                    "renamed" => (200, meta("uid-other", false)),
+                    _ => return Err(kube::Error::Service("connection refused".into())),
+                };
+                Ok(Response::builder()
+                    .status(code)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(serde_json::to_vec(&body).unwrap()))
+                    .unwrap())
+            }
+        });
+        let metrics = Metrics::new();
+        let e = evictor(Client::new(service, "default"), &metrics);
+        let soon = tokio::time::Instant::now() + std::time::Duration::from_millis(1500);
+        let confirm = |name: &'static str| {
+            let (_, pod) = planned(name);
+            let e = &e;
+            async move { e.confirm(&pod, &format!("uid-{name}"), soon).await }
+        };
+        assert_eq!(confirm("gone").await, EvictionResult::Evicted);
+        assert_eq!(confirm("terminating").await, EvictionResult::Evicted);
+        assert_eq!(confirm("renamed").await, EvictionResult::Evicted);
+        assert!(matches!(confirm("still").await, EvictionResult::Refused(_)));
+        assert!(
+            matches!(confirm("down").await, EvictionResult::Unanswered(e) if e.contains("connection refused"))
+        );
+        let gets = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(t, _)| t.ends_with("/down"))
+            .count();
+        assert!(gets >= 2, "asked again after a failure ({gets})");
     }
 
     #[tokio::test]

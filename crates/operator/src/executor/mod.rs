@@ -17,14 +17,16 @@ pub mod fences;
 pub mod outcome;
 pub mod waits;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use gpu_defrag_api::v1alpha1::{DefragPolicy, RunRecord};
+use gpu_defrag_api::v1alpha1::{DefragPolicy, InFlightEviction, RunRecord};
 use gpu_defrag_api::values::RunResult;
 use gpu_defrag_core::frag;
-use gpu_defrag_core::plan::Move;
+use gpu_defrag_core::plan::{Move, Skip};
 use gpu_defrag_core::policy::Policy;
+use gpu_defrag_core::recheck::{Planned, Refusal, recheck};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
@@ -32,9 +34,9 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use crate::context::{
-    Ctx, EXECUTOR_MANAGER, Error, EventReason, RunHandle, StopRequest, patch_status,
+    Ctx, EXECUTOR_MANAGER, Error, EventReason, RunHandle, StopRequest, history_of, patch_status,
 };
-use crate::objects::{controller_of, pod_node, ts};
+use crate::objects::{controller_of, ts};
 use crate::status;
 use evictor::{EvictionResult, Evictor};
 use fences::Fences;
@@ -121,11 +123,11 @@ async fn run(
     resume: Option<RunRecord>,
     stop: StopRequest,
 ) -> Result<(), Error> {
-    let (mut run, moves) = Run::plan(ctx, dp, policy, window_end, resume, stop).await;
+    let (mut run, steps) = Run::plan(ctx, dp, policy, window_end, resume, stop).await;
     // 1. Record first, so a restart can resume or clean up.
     run.record_start().await?;
     // 2. Fence. 3–5. Evict, pace, wait. A step that fails takes the fences back first.
-    let mut stop = match run.fence_and_evict(&moves).await {
+    let mut stop = match run.fence_and_evict(&steps).await {
         Ok(stop) => stop,
         Err(e) => {
             if let Err(unfence) = fences::remove(&run.ctx.client, &run.name, &run.rec).await {
@@ -144,6 +146,14 @@ async fn run(
     // 6. Unfence, record.
     fences::remove(&run.ctx.client, &run.name, &run.rec).await?;
     run.record_end(stop).await
+}
+
+/// One planned eviction as the run takes it: the move, the pod's UID and workload when
+/// the plan was made.
+struct Step {
+    m: Move,
+    uid: String,
+    workload: Option<Workload>,
 }
 
 /// The state of a run in progress.
@@ -165,12 +175,15 @@ struct Run {
     waits: Waits,
     evictor: Evictor,
     stop: StopRequest,
+    /// Drain units (batches) given up: one of their evictions was refused or no longer
+    /// safe, so the rest of them is not sent (a unit frees nothing half drained).
+    given_up: BTreeSet<usize>,
 }
 
 impl Run {
     /// Plans on fresh caches, with what the run already did (resume); the plan too large
-    /// for the record is cut to the whole units that fit. Returns the moves with the
-    /// workload of each (from the plan's cluster model).
+    /// for the record is cut to the whole units that fit. Returns the steps (with each
+    /// pod's UID and workload from the plan's cluster model).
     async fn plan(
         ctx: Arc<Ctx>,
         dp: Arc<DefragPolicy>,
@@ -178,7 +191,7 @@ impl Run {
         window_end: DateTime<Utc>,
         resume: Option<RunRecord>,
         stop: StopRequest,
-    ) -> (Self, Vec<(Move, Option<Workload>)>) {
+    ) -> (Self, Vec<Step>) {
         let name = dp.name_any();
         let old = dp.status.clone().unwrap_or_default();
         let obs = ctx.observe(&policy, resume.as_ref(), Utc::now());
@@ -194,7 +207,8 @@ impl Run {
             ..Default::default()
         });
         // The record lists every pod the run evicts.
-        let fit = status::batches_within_record(&rec, &plan);
+        let in_flight_max = policy.max_in_flight.max(1) as usize;
+        let fit = status::batches_within_record(&rec, &plan, in_flight_max);
         let cut = (fit < plan.batches.len()).then(|| {
             let all = plan.moves.len();
             plan = plan.first_batches(fit);
@@ -220,26 +234,28 @@ impl Run {
         }
         let fences = Fences::of_run(&rec, &plan);
         fences.record(&mut rec);
-        let moves = plan
+        let steps = plan
             .moves
             .into_iter()
             .map(|m| {
-                let workload = obs
-                    .cluster
-                    .pods
-                    .get(m.pod_index)
-                    .and_then(|p| p.owner.as_ref())
-                    .map(|o| (o.kind.clone(), o.name.clone()));
-                (m, workload)
+                let pod = obs.cluster.pods.get(m.pod_index);
+                Step {
+                    uid: pod.map(|p| p.uid.clone()).unwrap_or_default(),
+                    workload: pod
+                        .and_then(|p| p.owner.as_ref())
+                        .map(|o| (o.kind.clone(), o.name.clone())),
+                    m,
+                }
             })
             .collect();
+        let timeout = policy
+            .reschedule_timeout
+            .max(std::time::Duration::from_secs(5));
+        // A resumed run first waits for the replacements its last process did not see.
+        let waits = Waits::resumed(timeout, &rec.in_flight);
         let run = Run {
             evictor: Evictor::of(&ctx, &dp),
-            waits: Waits::new(
-                policy
-                    .reschedule_timeout
-                    .max(std::time::Duration::from_secs(5)),
-            ),
+            waits,
             ctx,
             dp,
             name,
@@ -252,8 +268,9 @@ impl Run {
             cut,
             fences,
             stop,
+            given_up: BTreeSet::new(),
         };
-        (run, moves)
+        (run, steps)
     }
 
     /// Writes the active record (and the last runs, unchanged).
@@ -282,23 +299,33 @@ impl Run {
         Ok(())
     }
 
-    /// Sets the fences, then evicts the planned moves in order, paced by the waits; says
-    /// why it stopped early, if it did.
-    async fn fence_and_evict(
-        &mut self,
-        moves: &[(Move, Option<Workload>)],
-    ) -> Result<Option<Stop>, Error> {
+    /// Sets the fences, then evicts the planned moves in order, paced by the waits, each
+    /// re-checked at its turn; a drain unit is given up at its first refused or unsafe
+    /// eviction. Says why it stopped early, if it did.
+    async fn fence_and_evict(&mut self, steps: &[Step]) -> Result<Option<Stop>, Error> {
         fences::set(&self.ctx.client, &self.name, &self.rec).await?;
-        for (m, workload) in moves {
+        for step in steps {
+            if self.given_up.contains(&step.m.batch) {
+                self.rec.skipped += 1;
+                continue;
+            }
             let stop = self
-                .wait_for_room(workload.as_ref())
+                .wait_for_room(step.workload.as_ref())
                 .await
                 .or_else(|| self.guard());
             if stop.is_some() {
                 return Ok(stop);
             }
-            if let Some((pod, owner)) = self.still_planned(m) {
-                self.evict(m, &pod, owner).await?;
+            let stop = match self.still_planned(step) {
+                Ok(Some((pod, owner))) => self.evict(step, &pod, owner).await?,
+                Ok(None) => None,
+                Err((pod, why)) => {
+                    self.give_up(step, pod.as_deref(), why).await?;
+                    None
+                }
+            };
+            if stop.is_some() {
+                return Ok(stop);
             }
         }
         Ok(None)
@@ -359,39 +386,122 @@ impl Run {
             .then_some(Stop::PendingPileUp(pending))
     }
 
-    /// The pod of a move as the cache has it now, with its workload, if it is still where
-    /// the plan saw it, not terminating, and its workload did not bounce in this run.
-    fn still_planned(&self, m: &Move) -> Option<(Arc<Pod>, Workload)> {
-        let (ns, pod_name) = m.pod.split_once('/')?;
-        let current = self
+    /// The pod of a step as the cache has it now, with its workload, if it may be evicted
+    /// now: judged again on a fresh model of the cluster (the same pod, on the same node,
+    /// still movable, its workload's live availability, room on its target). None: the
+    /// pod is gone or elsewhere (its unit goes on); an error: why it must not be moved
+    /// (its unit is given up).
+    #[allow(clippy::type_complexity)]
+    fn still_planned(
+        &self,
+        step: &Step,
+    ) -> Result<Option<(Arc<Pod>, Workload)>, (Option<Arc<Pod>>, String)> {
+        let m = &step.m;
+        let Some((ns, pod_name)) = m.pod.split_once('/') else {
+            return Ok(None);
+        };
+        let Some(current) = self
             .ctx
             .pods
             .state()
             .into_iter()
-            .find(|p| p.namespace().as_deref() == Some(ns) && p.name_any() == pod_name)?;
-        if pod_node(&current) != Some(m.from_node.as_str())
-            || current.metadata.deletion_timestamp.is_some()
-        {
-            return None;
+            .find(|p| p.namespace().as_deref() == Some(ns) && p.name_any() == pod_name)
+        else {
+            return Ok(None);
+        };
+        let now = Utc::now();
+        let cluster = self.ctx.cluster(Some(now));
+        let planned = Planned {
+            pod: &m.pod,
+            uid: &step.uid,
+            from: &m.from_node,
+            to: &m.to_node,
+        };
+        let history = history_of(Some(&self.rec));
+        match recheck(&cluster, planned, &self.policy, now, &history) {
+            Ok(()) => {}
+            // Gone, elsewhere or terminating: off its node anyway, the unit goes on.
+            Err(Refusal::Gone | Refusal::Moved | Refusal::Unmovable(Skip::Terminating)) => {
+                return Ok(None);
+            }
+            Err(r) => return Err((Some(current), r.code().to_string())),
         }
-        let owner = controller_of(&current)?;
-        (!self.waits.backed_off.contains(&owner)).then_some((current, owner))
+        let Some(owner) = controller_of(&current) else {
+            return Err((Some(current), "no-controller".into()));
+        };
+        if self.waits.backed_off.contains(&owner) {
+            return Err((
+                Some(current),
+                "its workload bounced back onto a fence".into(),
+            ));
+        }
+        Ok(Some((current, owner)))
     }
 
-    /// Evicts one pod: counted in the record before it is asked for, settled by the
-    /// answer; an accepted eviction is waited on.
-    async fn evict(&mut self, m: &Move, pod: &Pod, owner: Workload) -> Result<(), Error> {
+    /// Gives up the step's drain unit: this eviction and the rest of its unit are not
+    /// sent (counted as skipped, announced).
+    async fn give_up(&mut self, step: &Step, pod: Option<&Pod>, why: String) -> Result<(), Error> {
+        self.rec.skipped += 1;
+        self.given_up.insert(step.m.batch);
+        info!(policy = %self.name, pod = %step.m.pod, why = %why, "eviction not sent; its unit is given up");
+        self.evictor
+            .skipped(
+                &step.m,
+                pod,
+                format!("{why}; the rest of its unit is not sent"),
+            )
+            .await;
+        self.write().await
+    }
+
+    /// Evicts one pod: counted in the record (as in flight) before it is asked for; an
+    /// eviction without an answer is confirmed by looking at the pod; the record is
+    /// settled by the result. An accepted eviction is waited on; a refused one gives its
+    /// unit up; one that stays unknown stalls the run.
+    async fn evict(
+        &mut self,
+        step: &Step,
+        pod: &Pod,
+        owner: Workload,
+    ) -> Result<Option<Stop>, Error> {
+        let m = &step.m;
         let known = Wait::known(&self.ctx.pods, pod, &owner);
         let before = self.rec.clone();
-        outcome::count_eviction(&mut self.rec, m);
+        let flight = InFlightEviction {
+            pod: m.pod.clone(),
+            uid: step.uid.clone(),
+            owner: format!("{}/{}", owner.0, owner.1),
+        };
+        outcome::count_eviction(&mut self.rec, m, flight);
         self.write().await?;
-        let result = self.evictor.evict(m, pod).await;
-        outcome::account(&mut self.rec, before, &result);
-        match result {
-            EvictionResult::Evicted => self.waits.open.push(Wait::new(&m.pod, pod, owner, known)),
-            _ => self.write().await?,
+        let mut result = self.evictor.evict(m, pod, &step.uid).await;
+        if let EvictionResult::Unanswered(e) = &result {
+            warn!(policy = %self.name, pod = %m.pod, error = %e, "eviction unanswered; looking whether it happened");
+            let deadline = tokio::time::Instant::now() + self.waits.timeout;
+            result = self.evictor.confirm(pod, &step.uid, deadline).await;
+            self.evictor.report(m, pod, &result).await;
         }
-        Ok(())
+        outcome::account(&mut self.rec, before, &result);
+        match &result {
+            EvictionResult::Evicted => {
+                self.waits.open.push(Wait::new(&m.pod, pod, owner, known));
+                return Ok(None);
+            }
+            EvictionResult::Gone => {}
+            EvictionResult::Blocked(_) | EvictionResult::Refused(_) => {
+                self.given_up.insert(m.batch);
+            }
+            EvictionResult::Unanswered(e) => {
+                self.write().await?;
+                return Ok(Some(Stop::Stalled(format!(
+                    "the eviction of {} got no answer and whether it happened is unknown after {}s ({e})",
+                    m.pod,
+                    self.waits.timeout.as_secs()
+                ))));
+            }
+        }
+        self.write().await?;
+        Ok(None)
     }
 
     /// Waits for the replacements still pending (a stall or a stop request ends the wait).

@@ -1,6 +1,6 @@
 //! A run's bookkeeping and result, pure: what an eviction does to the run's record, why a
 //! run stopped, its result and message, and the list of last runs.
-use gpu_defrag_api::v1alpha1::RunRecord;
+use gpu_defrag_api::v1alpha1::{InFlightEviction, RunRecord};
 use gpu_defrag_api::values::RunResult;
 use gpu_defrag_core::plan::Move;
 
@@ -58,12 +58,19 @@ impl EvictionResult {
     }
 }
 
-/// Counts an eviction in the record before it is asked for: a crash in between then counts
-/// one eviction too many against the limits, never one too few.
-pub fn count_eviction(rec: &mut RunRecord, m: &Move) {
+/// Counts an eviction in the record before it is asked for, as in flight: a crash in
+/// between then counts one eviction too many against the limits, never one too few, and
+/// the resumed run waits for its replacement.
+pub fn count_eviction(rec: &mut RunRecord, m: &Move, in_flight: InFlightEviction) {
     rec.evicted += 1;
     rec.evicted_pods.push(m.pod.clone());
     *rec.evicted_per_node.entry(m.from_node.clone()).or_default() += 1;
+    rec.in_flight.push(in_flight);
+}
+
+/// The replacement of `uid` is Ready (or no longer awaited): it is not in flight any more.
+pub fn landed(rec: &mut RunRecord, uid: &str) {
+    rec.in_flight.retain(|f| f.uid != uid);
 }
 
 /// Settles the record once the API server's answer is known. `before` is the record as it
@@ -95,9 +102,9 @@ pub fn result_of(stop: Option<&Stop>, rec: &RunRecord) -> (RunResult, String) {
         ),
         Some(Stop::LostLeadership) => (RunResult::Aborted, "lost leadership".to_string()),
         Some(Stop::Requested(why)) => (RunResult::Stopped, format!("stopped: {why}")),
-        None if rec.blocked + rec.failed + rec.bounced > 0 => (
+        None if rec.blocked + rec.failed + rec.bounced + rec.skipped > 0 => (
             RunResult::Partial,
-            "some moves were blocked, failed or bounced".to_string(),
+            "some moves were blocked, failed, bounced or skipped".to_string(),
         ),
         None => (RunResult::Succeeded, "every planned move done".to_string()),
     }
@@ -111,8 +118,12 @@ pub fn message(why: &str, cut: Option<&str>, rec: &RunRecord) -> String {
         Some(cut) => format!("{why}; {cut}"),
         None => why.to_string(),
     };
+    let skipped = match rec.skipped {
+        0 => String::new(),
+        n => format!(", skipped {n}"),
+    };
     format!(
-        "{why}; evicted {}, blocked {}, bounced {}, failed {}; fragment rate {:.3} → {:.3}, fully free GPUs {} → {}",
+        "{why}; evicted {}, blocked {}, bounced {}, failed {}{skipped}; fragment rate {:.3} → {:.3}, fully free GPUs {} → {}",
         rec.evicted,
         rec.blocked,
         rec.bounced,
@@ -167,8 +178,20 @@ mod tests {
             (EvictionResult::Unanswered("reset".into()), 1, 0, 1),
         ] {
             let before = rec.clone();
-            count_eviction(&mut rec, &mv("ns/p", "n1"));
+            let flight = InFlightEviction {
+                pod: "ns/p".into(),
+                uid: "u".into(),
+                owner: "ReplicaSet/web".into(),
+            };
+            count_eviction(&mut rec, &mv("ns/p", "n1"), flight);
             account(&mut rec, before.clone(), &result);
+            assert_eq!(
+                rec.in_flight.len() as i64,
+                rec.evicted - before.evicted,
+                "in flight until it lands"
+            );
+            landed(&mut rec, "u");
+            assert!(rec.in_flight.is_empty());
             assert_eq!(
                 (
                     rec.evicted - before.evicted,
@@ -244,6 +267,9 @@ mod tests {
             m,
             "done; plan cut; evicted 3, blocked 1, bounced 0, failed 0; fragment rate 0.500 → 0.250, fully free GPUs 2 → 10"
         );
+        let skipping = RunRecord { skipped: 2, ..rec };
+        assert!(message("done", None, &skipping).contains("failed 0, skipped 2;"));
+        assert_eq!(result_of(None, &skipping).0, RunResult::Partial);
     }
 
     #[test]

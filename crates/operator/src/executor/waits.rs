@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpu_defrag_api::v1alpha1::RunRecord;
+use gpu_defrag_api::v1alpha1::{InFlightEviction, RunRecord};
 use gpu_defrag_core::ingest;
 use gpu_defrag_core::policy::Policy;
 use k8s_openapi::api::core::v1::Pod;
@@ -14,7 +14,7 @@ use kube::runtime::reflector::Store;
 use tracing::warn;
 
 use super::fences::Fences;
-use super::outcome::Stop;
+use super::outcome::{self, Stop};
 use crate::metrics::Metrics;
 use crate::objects::{controller_of, pod_node, pod_ready};
 
@@ -36,8 +36,12 @@ pub struct Wait {
     pub evicted_uid: String,
     /// UIDs of the workload's pods when it was evicted (none of them is the replacement).
     pub known: HashSet<String>,
-    /// When it was evicted.
+    /// When it was evicted (or, resumed, when the run resumed).
     pub since: tokio::time::Instant,
+    /// Taken over from the record of an earlier process: which pod replaces it is not
+    /// known, so it ends once the evicted pod is gone and every pod of its workload is
+    /// Ready.
+    pub resumed: bool,
 }
 
 impl Wait {
@@ -61,7 +65,47 @@ impl Wait {
             evicted_uid: pod.metadata.uid.clone().unwrap_or_default(),
             known,
             since: tokio::time::Instant::now(),
+            resumed: false,
         }
+    }
+
+    /// A wait taken over from the record of an earlier process (None: unreadable entry).
+    pub fn resumed(f: &InFlightEviction) -> Option<Self> {
+        let (namespace, _) = f.pod.split_once('/')?;
+        let (kind, name) = f.owner.split_once('/')?;
+        Some(Wait {
+            pod: f.pod.clone(),
+            owner: (kind.to_string(), name.to_string()),
+            namespace: namespace.to_string(),
+            evicted_uid: f.uid.clone(),
+            known: HashSet::new(),
+            since: tokio::time::Instant::now(),
+            resumed: true,
+        })
+    }
+
+    /// Whether the evicted pod has been replaced by a Ready pod, among `pods` (its
+    /// workload's); the replacement if it is known.
+    fn replaced<'a>(&self, pods: &'a [Arc<Pod>]) -> Option<Option<&'a Arc<Pod>>> {
+        if self.resumed {
+            let evicted_gone = pods
+                .iter()
+                .all(|p| p.metadata.uid.as_deref() != Some(self.evicted_uid.as_str()));
+            let all_ready = !pods.is_empty()
+                && pods
+                    .iter()
+                    .all(|p| pod_ready(p) && p.metadata.deletion_timestamp.is_none());
+            return (evicted_gone && all_ready).then_some(None);
+        }
+        pods.iter()
+            .find(|p| {
+                let uid = p.metadata.uid.clone().unwrap_or_default();
+                uid != self.evicted_uid
+                    && !self.known.contains(&uid)
+                    && pod_ready(p)
+                    && p.metadata.deletion_timestamp.is_none()
+            })
+            .map(Some)
     }
 }
 
@@ -111,6 +155,13 @@ impl Waits {
         }
     }
 
+    /// The waits of a resumed run: the evictions its record lists as in flight.
+    pub fn resumed(timeout: Duration, in_flight: &[InFlightEviction]) -> Self {
+        let mut w = Waits::new(timeout);
+        w.open = in_flight.iter().filter_map(Wait::resumed).collect();
+        w
+    }
+
     /// Open waits of one workload.
     pub fn of_workload(&self, owner: Option<&Workload>) -> usize {
         self.open.iter().filter(|w| Some(&w.owner) == owner).count()
@@ -132,14 +183,11 @@ impl Waits {
         let backed_off = &mut self.backed_off;
         self.open.retain(|w| {
             let candidates = pods_of_owner(pods, &w.namespace, &w.owner);
-            let replacement = candidates.iter().find(|p| {
-                let uid = p.metadata.uid.clone().unwrap_or_default();
-                uid != w.evicted_uid
-                    && !w.known.contains(&uid)
-                    && pod_ready(p)
-                    && p.metadata.deletion_timestamp.is_none()
-            });
-            if let Some(r) = replacement {
+            if let Some(replacement) = w.replaced(&candidates) {
+                outcome::landed(rec, &w.evicted_uid);
+                let Some(r) = replacement else {
+                    return false;
+                };
                 let node = pod_node(r).unwrap_or_default();
                 if let Some(on_gpu) = fences.hit(node, &ingest::hami_pod_gpus(r)) {
                     rec.bounced += 1;
