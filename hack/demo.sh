@@ -21,9 +21,11 @@ kubectl get nodes -o custom-columns=NODE:.metadata.name,GPUS:.status.allocatable
 ns=demo
 if kubectl get ns "$ns" >/dev/null 2>&1; then
   step "Removing the previous demo run"
+  # No operator runs now: the policy's finalizer would keep it; its fences go by hand.
+  kubectl taint nodes --all draining.gpu-defrag.io/demo- >/dev/null 2>&1 || true
+  kubectl patch defragpolicy demo --type merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
   kubectl delete defragpolicy demo --ignore-not-found >/dev/null
   kubectl delete ns "$ns" --wait=true --timeout=120s >/dev/null
-  kubectl taint nodes --all gpu-defrag.io/draining- >/dev/null 2>&1 || true
 fi
 
 step "Creating a fragmented GPU workload: 64 one-GPU inference pods packed, half removed, and an 8-GPU training job"

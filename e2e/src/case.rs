@@ -5,7 +5,7 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::{apps::v1::Deployment, core::v1::ResourceQuota};
 use kube::{Api, Client, api::PostParams};
 use serde_json::{Value, json};
 
@@ -221,4 +221,38 @@ pub fn evicted_per_node(run: &Value) -> BTreeMap<String, i64> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Holds back replacements in the case's namespace: a ResourceQuota allowing `fewer` pods
+/// fewer than run now, so the pods that replace the next `fewer` evicted ones cannot be
+/// created (their ReplicaSets retry) until [`release_replacements`]. A run waiting for
+/// one stays in the middle of its plan for as long as a test needs.
+pub async fn hold_replacements(c: &Case, fewer: usize) {
+    let live = pods(&c.client, c.ns.name(), "").await.unwrap().len();
+    let quotas: Api<ResourceQuota> = Api::namespaced(c.client.clone(), c.ns.name());
+    let quota: ResourceQuota = serde_json::from_value(json!({
+        "metadata": {"name": "hold-replacements"},
+        "spec": {"hard": {"pods": (live - fewer).to_string()}},
+    }))
+    .unwrap();
+    quotas.create(&PostParams::default(), &quota).await.unwrap();
+    // Admission needs the quota's usage, computed by the controller manager.
+    wait_for("the quota's usage to be known", T, || async {
+        let q = quotas.get("hold-replacements").await?;
+        Ok(q.status
+            .and_then(|s| s.used)
+            .is_some_and(|u| u.contains_key("pods"))
+            .then_some(()))
+    })
+    .await
+    .unwrap();
+}
+
+/// Lets replacements be created again ([`hold_replacements`]).
+pub async fn release_replacements(c: &Case) {
+    let quotas: Api<ResourceQuota> = Api::namespaced(c.client.clone(), c.ns.name());
+    quotas
+        .delete("hold-replacements", &Default::default())
+        .await
+        .unwrap();
 }

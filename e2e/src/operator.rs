@@ -349,8 +349,11 @@ impl Operator {
         let addr = &self.metrics_addr;
         let fetch = async {
             let mut s = tokio::net::TcpStream::connect(addr).await?;
-            s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-                .await?;
+            s.write_all(
+                format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            )
+            .await?;
             let mut raw = Vec::new();
             s.read_to_end(&mut raw).await?;
             Ok::<_, std::io::Error>(raw)

@@ -2,7 +2,7 @@
 //!
 //! Protocol of a run (restart-safe; every step is recorded before it is taken):
 //! 1. record the run in `status.activeRun` (with the nodes it will fence);
-//! 2. fence: `gpu-defrag.io/draining=<policy>:NoSchedule` on nodes being emptied, and
+//! 2. fence: `draining.gpu-defrag.io/<policy>=<policy>:NoSchedule` on nodes being emptied, and
 //!    single GPUs being emptied on HAMi nodes in `hami.io/device-cordon` ([`fences`]);
 //! 3. evict through the Eviction API only, never delete ([`evictor`]), at most
 //!    `maxInFlight` replacements pending at once; 429 = blocked by a PodDisruptionBudget:

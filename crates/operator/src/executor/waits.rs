@@ -216,3 +216,126 @@ impl Waits {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use kube::runtime::reflector::store::Writer;
+    use kube::runtime::watcher;
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod(name: &str, uid: &str, ready: bool, deleting: bool) -> Pod {
+        let mut meta = json!({"name": name, "namespace": "ml", "uid": uid,
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1",
+                                 "uid": "rs", "controller": true}]});
+        if deleting {
+            meta["deletionTimestamp"] = json!("2026-12-04T02:00:00Z");
+        }
+        serde_json::from_value(json!({
+            "metadata": meta,
+            "spec": {"nodeName": "n2", "containers": [{"name": "c"}]},
+            "status": {"conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}]}
+        }))
+        .unwrap()
+    }
+
+    fn apply(w: &mut Writer<Pod>, p: Pod) {
+        w.apply_watcher_event(&watcher::Event::Apply(p));
+    }
+
+    #[test]
+    fn a_resumed_wait_ends_once_the_evicted_pod_is_gone_and_its_workload_is_ready() {
+        let (pods, mut writer) = kube::runtime::reflector::store::<Pod>();
+        let flight = InFlightEviction {
+            pod: "ml/web-1-a".into(),
+            uid: "a".into(),
+            owner: "ReplicaSet/web-1".into(),
+        };
+        let mut waits = Waits::resumed(Duration::from_secs(60), &[flight.clone()]);
+        let mut rec = RunRecord {
+            in_flight: vec![flight],
+            ..Default::default()
+        };
+        let settle = |waits: &mut Waits, rec: &mut RunRecord| {
+            waits.settle(&pods, &Metrics::new(), "p", &Fences::default(), rec)
+        };
+        // The evicted pod is still terminating, its sibling Ready: still waiting.
+        apply(&mut writer, pod("web-1-a", "a", true, true));
+        apply(&mut writer, pod("web-1-b", "b", true, false));
+        assert_eq!(settle(&mut waits, &mut rec), Ok(()));
+        assert_eq!(waits.open.len(), 1);
+        // Gone, and its replacement created but not Ready: still waiting.
+        writer.apply_watcher_event(&watcher::Event::Delete(pod("web-1-a", "a", true, true)));
+        apply(&mut writer, pod("web-1-c", "c", false, false));
+        assert_eq!(settle(&mut waits, &mut rec), Ok(()));
+        assert_eq!(
+            waits.open.len(),
+            1,
+            "a replacement that is not Ready does not count"
+        );
+        // The replacement is Ready: the wait ends and the record forgets it.
+        apply(&mut writer, pod("web-1-c", "c", true, false));
+        assert_eq!(settle(&mut waits, &mut rec), Ok(()));
+        assert!(waits.open.is_empty());
+        assert!(rec.in_flight.is_empty());
+    }
+
+    #[test]
+    fn a_wait_ends_on_a_new_ready_pod_of_its_workload_and_counts_a_bounce() {
+        let (pods, mut writer) = kube::runtime::reflector::store::<Pod>();
+        apply(&mut writer, pod("web-1-a", "a", true, false));
+        apply(&mut writer, pod("web-1-b", "b", true, false));
+        let evicted = pod("web-1-a", "a", true, false);
+        let owner: Workload = ("ReplicaSet".into(), "web-1".into());
+        let known = Wait::known(&pods, &evicted, &owner);
+        assert_eq!(known.len(), 2);
+        let mut waits = Waits::new(Duration::from_secs(60));
+        waits
+            .open
+            .push(Wait::new("ml/web-1-a", &evicted, owner.clone(), known));
+        let mut rec = RunRecord::default();
+        // The sibling was Ready before: it is not the replacement.
+        writer.apply_watcher_event(&watcher::Event::Delete(evicted));
+        assert_eq!(
+            waits.settle(&pods, &Metrics::new(), "p", &Fences::default(), &mut rec),
+            Ok(())
+        );
+        assert_eq!(waits.open.len(), 1);
+        // The replacement lands on n2, which the run fenced: a bounce, the workload backs off.
+        apply(&mut writer, pod("web-1-c", "c", true, false));
+        let fenced = Fences {
+            nodes: ["n2".to_string()].into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            waits.settle(&pods, &Metrics::new(), "p", &fenced, &mut rec),
+            Ok(())
+        );
+        assert!(waits.open.is_empty());
+        assert_eq!(rec.bounced, 1);
+        assert!(waits.backed_off.contains(&owner));
+    }
+
+    #[test]
+    fn a_wait_past_the_timeout_stalls_the_run() {
+        let (pods, _writer) = kube::runtime::reflector::store::<Pod>();
+        let mut waits = Waits::new(Duration::from_millis(0));
+        let evicted = pod("web-1-a", "a", true, false);
+        waits.open.push(Wait::new(
+            "ml/web-1-a",
+            &evicted,
+            ("ReplicaSet".into(), "web-1".into()),
+            HashSet::new(),
+        ));
+        std::thread::sleep(Duration::from_millis(5));
+        let r = waits.settle(
+            &pods,
+            &Metrics::new(),
+            "p",
+            &Fences::default(),
+            &mut RunRecord::default(),
+        );
+        assert!(matches!(r, Err(Stop::Stalled(m)) if m.contains("ml/web-1-a")));
+    }
+}
