@@ -252,7 +252,7 @@ mod tests {
             uid: "a".into(),
             owner: "ReplicaSet/web-1".into(),
         };
-        let mut waits = Waits::resumed(Duration::from_secs(60), &[flight.clone()]);
+        let mut waits = Waits::resumed(Duration::from_secs(60), std::slice::from_ref(&flight));
         let mut rec = RunRecord {
             in_flight: vec![flight],
             ..Default::default()
