@@ -571,3 +571,90 @@ async fn an_eviction_never_hits_a_new_pod_under_the_planned_name() {
         EvictionResult::Evicted
     );
 }
+
+/// Fences whose policy no longer exists are removed when an operator starts (any
+/// operator: every policy of the cluster counts, whatever its selector), fences of
+/// policies that exist are left alone, and the earlier single-key form is recognised.
+#[tokio::test]
+async fn fences_of_deleted_policies_are_swept_at_start() {
+    let c = Case::new("orphans", 2, 8).await;
+    // Another operator's policy (this test's operator does not select it) and this one's.
+    let other = format!("{}-other", c.name());
+    create_policy(
+        &c.client,
+        &other,
+        &other,
+        c.spec(json!([{"gpus": 8}]), json!({})),
+    )
+    .await
+    .unwrap();
+    c.dry_run_policy(json!([{"gpus": 8}]), json!({})).await;
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let node = nodes
+        .list(&ListParams::default().labels(&format!("e2e-pool={}", c.pool.name)))
+        .await
+        .unwrap()
+        .items[0]
+        .metadata
+        .name
+        .clone()
+        .unwrap();
+    let ghost = format!("{}-deleted", c.name());
+    let taint =
+        |key: String, value: &str| json!({"key": key, "value": value, "effect": "NoSchedule"});
+    let mut taints = nodes
+        .get(&node)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .taints
+        .unwrap_or_default();
+    for t in [
+        taint(format!("draining.gpu-defrag.io/{ghost}"), &ghost),
+        taint("gpu-defrag.io/draining".into(), &format!("{ghost}-old")),
+        taint(format!("draining.gpu-defrag.io/{other}"), &other),
+    ] {
+        taints.push(serde_json::from_value(t).unwrap());
+    }
+    nodes
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"taints": taints}})),
+        )
+        .await
+        .unwrap();
+    let t = Instant::now();
+    let _op = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
+    let fenced = || async {
+        let n = nodes.get(&node).await.unwrap();
+        fences(&n).collect::<Vec<String>>()
+    };
+    wait_for("the deleted policy's fences to be swept", T, || async {
+        let f = fenced().await;
+        let legacy = nodes
+            .get(&node)
+            .await?
+            .spec
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t.key == "gpu-defrag.io/draining");
+        Ok((!f.contains(&ghost) && !legacy).then_some(()))
+    })
+    .await
+    .unwrap();
+    let took = t.elapsed();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        fenced().await,
+        vec![other.clone()],
+        "an existing policy's fence stays"
+    );
+    eprintln!(
+        "E2E-FIGURE sweep: fences of a deleted policy (current and earlier key) removed {:.1}s after the operator started; another operator's fence kept",
+        took.as_secs_f64()
+    );
+    c.cleanup(&[c.name(), &other]).await;
+}

@@ -1397,6 +1397,10 @@ pub fn plan_with_activity(
         }
         st.refresh(n);
     }
+    // The running totals start from the exact ones: the refreshes above only move them by
+    // differences, so without this every batch but the last (recomputed below) would
+    // report zero idle capacity and a zero fragment rate.
+    st.sums = before;
     if policy.from_pending {
         st.pending = frag::unplaceable_pending(cluster, &st.cap, &policy.scope);
     }

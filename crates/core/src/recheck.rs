@@ -4,7 +4,8 @@
 //! one, the pod is judged again on a fresh model of the cluster: still the same pod (UID)
 //! on the same node, still movable by every rule of the planner (opt-outs added during
 //! the run, readiness, its PodDisruptionBudget, its workload's live availability), and
-//! still room for it on its planned target. Anything else: the eviction is not sent.
+//! still room for it: on its planned target, or on another node it may go to. Anything
+//! else: the eviction is not sent.
 
 use chrono::{DateTime, Utc};
 
@@ -36,18 +37,19 @@ pub enum Refusal {
     Moved,
     /// The pod is no longer movable (the planner's skip code).
     Unmovable(Skip),
-    /// Its planned target has no room for it now (or is gone, not Ready, cordoned).
-    TargetFull,
+    /// No node has room for it now: not its planned target, nor any other it may go to
+    /// (not cordoned, no taint it does not tolerate — the run's own fences included).
+    NoRoom,
 }
 
 impl Refusal {
-    /// The stable code: `gone`, `moved`, `target-full`, or the skip code.
+    /// The stable code: `gone`, `moved`, `no-room`, or the skip code.
     pub fn code(self) -> &'static str {
         match self {
             Refusal::Gone => "gone",
             Refusal::Moved => "moved",
             Refusal::Unmovable(s) => s.code(),
-            Refusal::TargetFull => "target-full",
+            Refusal::NoRoom => "no-room",
         }
     }
 }
@@ -81,19 +83,27 @@ pub fn recheck(
     }
     workload_allows(Workloads::of(cluster).live(pod), policy, pdb.is_some())
         .map_err(Refusal::Unmovable)?;
-    let target = cluster
-        .node_index(planned.to)
-        .map(|i| &cluster.nodes[i])
-        .ok_or(Refusal::TargetFull)?;
-    let pods_free = target.pods_alloc.saturating_sub(target.pods_used);
-    sched::fits(
-        pod,
-        target,
-        &frag::free_of(target),
-        target.cpu_free(),
-        target.mem_free(),
-        pods_free,
-    )
-    .map(|_| ())
-    .ok_or(Refusal::TargetFull)
+    // Its planned target first; the scheduler breaks ties between equally full nodes at
+    // random, so a replacement that landed elsewhere than planned may have taken that room
+    // while another node still has it.
+    let fits = |n: &crate::model::Node| {
+        let pods_free = n.pods_alloc.saturating_sub(n.pods_used);
+        sched::fits(
+            pod,
+            n,
+            &frag::free_of(n),
+            n.cpu_free(),
+            n.mem_free(),
+            pods_free,
+        )
+        .is_some()
+    };
+    let target = cluster.node_index(planned.to).map(|i| &cluster.nodes[i]);
+    // Its own node counts only when the plan moves it there (a GPU drain).
+    let may_go = |n: &&crate::model::Node| n.name != planned.from || planned.to == planned.from;
+    if target.is_some_and(fits) || cluster.nodes.iter().filter(may_go).any(fits) {
+        Ok(())
+    } else {
+        Err(Refusal::NoRoom)
+    }
 }

@@ -904,3 +904,28 @@ fn long_idle_pods_rank_as_cheaper_to_move() {
         ["a/busy"]
     );
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// Every batch reports the totals of the cluster after it (the plan's figures per
+    /// batch, as `plan` prints them): the same idle capacity and fully free GPUs and nodes
+    /// as the cluster with the batches so far applied, and its fragment up to rounding.
+    #[test]
+    fn every_batch_reports_the_totals_after_it(cs in case()) {
+        let (c, pol) = build(&cs);
+        let pl = plan(&c, &pol, None, &History::default());
+        for k in 0..pl.batches.len() {
+            let prefix = pl.first_batches(k + 1);
+            let exact = gpu_defrag_core::frag::report(&gpu_defrag_core::plan::apply(&c, &prefix), &pol);
+            let after = pl.batches[k].after;
+            prop_assert_eq!(after.idle_milli, exact.idle_milli, "batch {}", k);
+            prop_assert_eq!(after.fully_free_gpus, exact.fully_free_gpus, "batch {}", k);
+            prop_assert_eq!(after.fully_free_nodes, exact.fully_free_nodes, "batch {}", k);
+            prop_assert!(
+                (after.fragment_milli - exact.fragment_milli as f64).abs() < 1.0,
+                "batch {}: {} vs {}", k, after.fragment_milli, exact.fragment_milli
+            );
+        }
+    }
+}

@@ -1108,7 +1108,8 @@ fn a_planned_eviction_is_rechecked_on_the_cluster_of_the_moment() {
         check(&degraded),
         Err(Refusal::Unmovable(Skip::WorkloadUnavailable))
     );
-    // The target filled up (another pod took its last 3 free GPUs).
+    // The target filled up (another pod took its last 3 free GPUs) and no other node has
+    // room (its own node is the one being drained).
     let full = world(&|w, p| {
         w.pod(
             PodJson::new("infra", "late", 3)
@@ -1117,8 +1118,19 @@ fn a_planned_eviction_is_rechecked_on_the_cluster_of_the_moment() {
         );
         p
     });
-    assert_eq!(check(&full), Err(Refusal::TargetFull));
-    assert_eq!(Refusal::TargetFull.code(), "target-full");
+    assert_eq!(check(&full), Err(Refusal::NoRoom));
+    assert_eq!(Refusal::NoRoom.code(), "no-room");
+    // The target filled up, but another node has room: the scheduler places it there.
+    let elsewhere = world(&|w, p| {
+        w.pod(
+            PodJson::new("infra", "late", 3)
+                .label("app", "late")
+                .on("recv-a"),
+        );
+        w.node(gpu_node("spare", 8));
+        p
+    });
+    assert_eq!(check(&elsewhere), Ok(()));
     // Already evicted by this run.
     let history = History {
         evicted: vec!["ml/web-1".into()],
