@@ -70,4 +70,19 @@ bench: ## Benchmarks (figures printed; see docs/benchmarks.md)
 clean: ## Remove build output (not the cached Kubernetes binaries)
 	$(CARGO) clean
 
+# `make image`: the operator image from the Containerfile with buildah (hack/image.sh; no
+# Docker engine, installs Debian's buildah and podman when missing), checked by running its
+# `gpu-defrag --version`. BASE=debian-local where no image registry is reachable; see
+# docs/install.md. Not part of `make test`.
+IMAGE ?= ghcr.io/gpu-defrag/gpu-defrag
+TAG ?= $(shell awk '/^\[workspace.package\]/{p=1; next} /^\[/{p=0} p && $$1=="version"{gsub(/"/,"",$$3); print $$3; exit}' Cargo.toml)
+
+.PHONY: image image-push
+
+image: ## Build the operator image $(IMAGE):$(TAG) with buildah and check it runs (BASE=auto|distroless|debian-local)
+	IMAGE="$(IMAGE)" TAG="$(TAG)" bash hack/image.sh
+
+image-push: ## Push $(IMAGE):$(TAG) with buildah (log in first: buildah login <registry>)
+	IMAGE="$(IMAGE)" TAG="$(TAG)" bash hack/image.sh push
+
 -include e2e/cluster.mk

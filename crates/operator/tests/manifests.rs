@@ -272,7 +272,13 @@ fn deployment_runs_two_hardened_leader_elected_replicas() {
     let containers = pod["containers"].as_array().unwrap();
     assert_eq!(containers.len(), 1);
     let c = &containers[0];
-    assert_eq!(c["image"], "ghcr.io/gpu-defrag/gpu-defrag:latest");
+    assert_eq!(
+        c["image"],
+        format!(
+            "ghcr.io/gpu-defrag/gpu-defrag:{}",
+            env!("CARGO_PKG_VERSION")
+        )
+    );
     assert_eq!(
         strs(&c["args"]),
         ["run", "--leader-elect", "--metrics-addr", "0.0.0.0:8080"]
@@ -419,4 +425,175 @@ fn samples_match_the_crd_schema() {
     assert_eq!(w["schedule"], "0 2 * * *");
     assert_eq!(w["duration"], "3h");
     assert_eq!(w["timeZone"], "Asia/Shanghai");
+}
+
+fn deployment_pod_template() -> Value {
+    let objs = objects();
+    find(&objs, "Deployment", "gpu-defrag")["spec"]["template"].clone()
+}
+
+/// Every `key: value` of `selector` is among `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    let sel = selector.as_object().unwrap();
+    !sel.is_empty() && sel.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// The `restricted` Pod Security Standard (the namespace enforces it): what the API server
+/// would refuse, checked on the Deployment's pod template.
+#[test]
+fn pod_template_meets_the_restricted_pod_security_standard() {
+    let objs = objects();
+    let ns = find(&objs, "Namespace", NAMESPACE);
+    assert_eq!(
+        ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        "restricted"
+    );
+    let pod = &deployment_pod_template()["spec"];
+    for host in ["hostNetwork", "hostPID", "hostIPC"] {
+        assert!(pod[host].is_null() || pod[host] == false, "{host}");
+    }
+    for v in pod["volumes"].as_array().into_iter().flatten() {
+        assert!(v["hostPath"].is_null(), "hostPath volume {v}");
+    }
+    let psc = &pod["securityContext"];
+    assert_ne!(psc["runAsUser"], 0);
+    let mut containers: Vec<&Value> = pod["containers"].as_array().unwrap().iter().collect();
+    containers.extend(pod["initContainers"].as_array().into_iter().flatten());
+    for c in containers {
+        let name = c["name"].as_str().unwrap();
+        let sc = &c["securityContext"];
+        // Set on the container, or inherited from the pod.
+        let either = |k: &str| {
+            if sc[k].is_null() {
+                psc[k].clone()
+            } else {
+                sc[k].clone()
+            }
+        };
+        assert_eq!(either("runAsNonRoot"), true, "{name}: runAsNonRoot");
+        assert_ne!(either("runAsUser"), 0, "{name}: runAsUser");
+        assert_eq!(
+            either("seccompProfile")["type"],
+            "RuntimeDefault",
+            "{name}: seccompProfile"
+        );
+        assert_eq!(sc["allowPrivilegeEscalation"], false, "{name}");
+        assert!(
+            sc["privileged"].is_null() || sc["privileged"] == false,
+            "{name}"
+        );
+        assert!(strs(&sc["capabilities"]["drop"]).contains(&"ALL".to_string()));
+        for add in sc["capabilities"]["add"].as_array().into_iter().flatten() {
+            assert_eq!(add, "NET_BIND_SERVICE", "{name}: capability {add}");
+        }
+        assert_eq!(sc["readOnlyRootFilesystem"], true, "{name}");
+        for p in c["ports"].as_array().into_iter().flatten() {
+            assert!(p["hostPort"].is_null(), "{name}: hostPort");
+        }
+    }
+}
+
+/// The Deployment names a release tag (never `:latest`), the kustomization's `images:` entry
+/// is the one `kustomize edit set image` changes, and the Containerfile builds an image that
+/// runs as the pod's user.
+#[test]
+fn image_is_a_release_tag_set_by_the_kustomization() {
+    let pod = deployment_pod_template();
+    let image = pod["spec"]["containers"][0]["image"].as_str().unwrap();
+    let (name, tag) = image.rsplit_once(':').unwrap();
+    assert!(!tag.contains('/'), "{image}: no tag");
+    assert_ne!(tag, "latest");
+    assert_eq!(tag, env!("CARGO_PKG_VERSION"), "{image}");
+    let k = &docs(&repo().join("config/manager/kustomization.yaml"))[0];
+    let images = k["images"].as_array().unwrap();
+    assert_eq!(images.len(), 1);
+    assert_eq!(images[0]["name"], name);
+    assert_eq!(images[0]["newTag"], tag);
+
+    let cf = std::fs::read_to_string(repo().join("Containerfile")).unwrap();
+    let lines: Vec<&str> = cf.lines().map(str::trim).collect();
+    assert!(
+        cf.contains("cargo build --release -p gpu-defrag-operator --locked"),
+        "Containerfile"
+    );
+    let user = pod["spec"]["securityContext"]["runAsUser"]
+        .as_i64()
+        .unwrap();
+    let group = pod["spec"]["securityContext"]["runAsGroup"]
+        .as_i64()
+        .unwrap();
+    assert!(lines.contains(&format!("USER {user}:{group}").as_str()));
+    assert!(lines.contains(&r#"ENTRYPOINT ["/gpu-defrag"]"#));
+    // hack/image.sh BASE=debian-local reuses the runtime stage by these two lines.
+    assert!(lines.iter().any(|l| l.starts_with("# --- runtime")));
+    assert!(lines.contains(&"COPY --from=builder /out/gpu-defrag /gpu-defrag"));
+    // The build context leaves the local build output out.
+    for ignore in [".containerignore", ".dockerignore"] {
+        let text = std::fs::read_to_string(repo().join(ignore)).unwrap();
+        assert!(text.lines().any(|l| l == "target/"), "{ignore}");
+    }
+}
+
+/// The Service, ServiceMonitor and PodMonitor of config/prometheus reach the operator's pods
+/// on the port the operator listens on.
+#[test]
+fn metrics_service_and_monitors_select_the_operator_pods() {
+    let template = deployment_pod_template();
+    let pod_labels = &template["metadata"]["labels"];
+    let c = &template["spec"]["containers"][0];
+    let port = &c["ports"][0];
+    let port_name = port["name"].as_str().unwrap();
+    // The operator binds --metrics-addr on every interface, on the container port.
+    let args = strs(&c["args"]);
+    let addr = &args[args.iter().position(|a| a == "--metrics-addr").unwrap() + 1];
+    assert_eq!(*addr, format!("0.0.0.0:{}", port["containerPort"]));
+
+    let dir = repo().join("config/prometheus");
+    let svc = &docs(&dir.join("service.yaml"))[0];
+    assert_eq!(svc["kind"], "Service");
+    assert_eq!(svc["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(svc["spec"]["type"], "ClusterIP");
+    assert!(selects(&svc["spec"]["selector"], pod_labels));
+    let ports = svc["spec"]["ports"].as_array().unwrap();
+    assert_eq!(ports.len(), 1);
+    assert_eq!(ports[0]["name"], "metrics");
+    assert_eq!(ports[0]["targetPort"], port_name);
+
+    let sm = &docs(&dir.join("servicemonitor.yaml"))[0];
+    assert_eq!(sm["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(sm["kind"], "ServiceMonitor");
+    assert_eq!(sm["metadata"]["namespace"], NAMESPACE);
+    assert!(selects(
+        &sm["spec"]["selector"]["matchLabels"],
+        &svc["metadata"]["labels"]
+    ));
+    assert_eq!(
+        strs(&sm["spec"]["namespaceSelector"]["matchNames"]),
+        [NAMESPACE]
+    );
+    let ep = &sm["spec"]["endpoints"].as_array().unwrap()[0];
+    assert_eq!(ep["port"], ports[0]["name"]);
+    assert_eq!(ep["path"], "/metrics");
+
+    let pm = &docs(&dir.join("podmonitor/podmonitor.yaml"))[0];
+    assert_eq!(pm["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(pm["kind"], "PodMonitor");
+    assert_eq!(pm["metadata"]["namespace"], NAMESPACE);
+    assert!(selects(&pm["spec"]["selector"]["matchLabels"], pod_labels));
+    assert_eq!(
+        strs(&pm["spec"]["namespaceSelector"]["matchNames"]),
+        [NAMESPACE]
+    );
+    let ep = &pm["spec"]["podMetricsEndpoints"].as_array().unwrap()[0];
+    assert_eq!(ep["port"], port_name);
+    assert_eq!(ep["path"], "/metrics");
+
+    // One scrape path at a time: the ServiceMonitor's kustomization, or the PodMonitor's.
+    let k = &docs(&dir.join("kustomization.yaml"))[0];
+    assert_eq!(
+        strs(&k["resources"]),
+        ["prometheusrule.yaml", "service.yaml", "servicemonitor.yaml"]
+    );
+    let k = &docs(&dir.join("podmonitor/kustomization.yaml"))[0];
+    assert_eq!(strs(&k["resources"]), ["podmonitor.yaml"]);
 }
