@@ -22,9 +22,10 @@ use crate::model::*;
 use crate::workload::{self, ControllerKind, ControllerObject, Listed};
 
 pub use crate::adapters::{
-    ALIYUN_GPU_COUNT, ALIYUN_GPU_MEM, ALIYUN_MEM_IDX, GPU_MEMORY_LABEL, GPU_PRODUCT_LABEL,
-    HAMI_NODE_REGISTER, HAMI_POD_ALLOCATED, KAI_FRACTION, KAI_GROUP, KAI_RESERVATION_NS,
-    KOORD_DEVICE_ALLOCATED, KOORD_GPU_CORE, NVIDIA_GPU, VOLCANO_GPU_INDEX, VOLCANO_GPU_MEMORY,
+    ALIYUN_GPU_COUNT, ALIYUN_GPU_MEM, ALIYUN_MEM_IDX, GPU_COUNT_LABEL, GPU_MEMORY_LABEL,
+    GPU_PRODUCT_LABEL, GPU_REPLICAS_LABEL, GPU_SHARING_STRATEGY_LABEL, HAMI_NODE_REGISTER,
+    HAMI_POD_ALLOCATED, KAI_FRACTION, KAI_GROUP, KAI_RESERVATION_NS, KOORD_DEVICE_ALLOCATED,
+    KOORD_GPU_CORE, NVIDIA_GPU, NVIDIA_GPU_SHARED, VOLCANO_GPU_INDEX, VOLCANO_GPU_MEMORY,
     VOLCANO_GPU_NUMBER, VOLCANO_NODE_REGISTER, VOLCANO_VGPU_IDS, hami_pod_gpus,
 };
 
@@ -433,6 +434,7 @@ pub fn build_cluster_from(objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) -> C
     let index = workload::Index::new(&objs.controllers, objs.pod_groups, objs.listed);
     let mut pods = Vec::with_capacity(objs.pods.len());
     let mut kai: Vec<(usize, String, Milli)> = Vec::new(); // (pod index, group, milli)
+    let mut replicas: Vec<(usize, u32)> = Vec::new(); // (pod index, replicas held)
     for &p in &objs.pods {
         let (mut pod, req) = base_pod(p, &nodes);
         let empty = BTreeMap::new();
@@ -445,7 +447,12 @@ pub fn build_cluster_from(objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) -> C
         let resolved = if let Some(bad) = req.unreadable() {
             unknown(UnknownReason::BadQuantity(bad.to_string()))
         } else if let Some(e) = node.and_then(|(_, c)| c.inventory_error.clone()) {
-            if active && (req.has_shared() || req.has(NVIDIA_GPU) || !annotations.is_empty()) {
+            if active
+                && (req.has_shared()
+                    || req.has(NVIDIA_GPU)
+                    || req.has(NVIDIA_GPU_SHARED)
+                    || !annotations.is_empty())
+            {
                 unknown(UnknownReason::NodeInventory(e))
             } else {
                 Resolved::Use(GpuUse::None, None, None)
@@ -468,6 +475,13 @@ pub fn build_cluster_from(objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) -> C
                 pod.shape = Some(GpuShape { gpus: 1, milli: m });
                 kai.push((pods.len(), g, m));
             }
+            Resolved::Replicas(k, shape) => {
+                pod.shape = Some(shape);
+                pod.scheme = Some(Scheme::NvidiaSharing);
+                if active {
+                    replicas.push((pods.len(), k));
+                }
+            }
         }
         if active && let Some(i) = pod.node {
             let n = &mut nodes[i];
@@ -477,7 +491,9 @@ pub fn build_cluster_from(objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) -> C
         }
         pods.push(pod);
     }
+    let per_gpu: Vec<Option<u32>> = ctxs.iter().map(|c| c.replicas.map(|r| r.0)).collect();
     apply_uses(&mut nodes, &mut pods, &kai);
+    apply_replicas(&mut nodes, &mut pods, &replicas, &per_gpu);
     let pdbs = objs.pdbs.iter().copied().map(pdb_of).collect();
     let unchecked = unchecked_notes(&pods, &objs.listed);
     let mut c = Cluster {
@@ -666,7 +682,7 @@ fn apply_uses(nodes: &mut [Node], pods: &mut [Pod], kai: &[(usize, String, Milli
         for (g, s) in sums[i].iter().enumerate() {
             node.gpus[g].used = (*s).min(u64::from(GPU_MILLI)) as Milli;
         }
-        if node.granularity == Granularity::Node {
+        if node.granularity == Granularity::Node && node.scheme != Scheme::NvidiaSharing {
             // KAI reservation pods hold one whole GPU per group; the group's fractions
             // share it. Reserved GPUs come first, then the other whole-GPU pods.
             let groups = &kai_groups_per_node[i];
@@ -726,6 +742,82 @@ fn apply_uses(nodes: &mut [Node], pods: &mut [Pod], kai: &[(usize, String, Milli
     for p in pods.iter() {
         if let (Some(i), GpuUse::Unknown(_)) = (p.node, &p.gpu) {
             nodes[i].unknown_pods += 1;
+        }
+    }
+}
+
+/// Places the replicas NVIDIA-sharing pods hold on their nodes' GPUs. The device plugin
+/// records no GPU per replica: the model spreads them as its default (distributed)
+/// allocation does, each pod on distinct GPUs, least-used GPU first (ties: lowest
+/// index). The spread is balanced, so it shows the fewest fully free GPUs the node's
+/// replica count allows: a whole GPU is never shown free where a replica might be. More
+/// replicas held than the node has make every replica pod on it unknown.
+fn apply_replicas(
+    nodes: &mut [Node],
+    pods: &mut [Pod],
+    replicas: &[(usize, u32)],
+    per_gpu: &[Option<u32>],
+) {
+    let mut on_node: Vec<Vec<(usize, u32)>> = vec![Vec::new(); nodes.len()];
+    for &(pi, k) in replicas {
+        if let Some(n) = pods[pi].node
+            && !pods[pi].is_unknown()
+        {
+            on_node[n].push((pi, k));
+        }
+    }
+    for (i, members) in on_node.iter().enumerate() {
+        let (Some(r), false) = (per_gpu[i], members.is_empty()) else {
+            continue;
+        };
+        let node = &mut nodes[i];
+        let held: u64 = members.iter().map(|(_, k)| u64::from(*k)).sum();
+        let cap = node.gpus.iter().filter(|g| g.healthy).count() as u64 * u64::from(r);
+        if held > cap {
+            let msg = format!(
+                "pods on node {} hold {held} GPU replicas, node has {cap} ({} GPUs × {r})",
+                node.name,
+                node.gpus.len()
+            );
+            node.inconsistent = Some(msg.clone());
+            for (pi, _) in members {
+                pods[*pi].gpu = GpuUse::Unknown(UnknownReason::Overcommitted(msg.clone()));
+                node.unknown_pods += 1;
+            }
+            continue;
+        }
+        let share = GPU_MILLI / r;
+        let len = node.gpus.len();
+        let mut count = vec![0u32; len];
+        for &(pi, k) in members {
+            let mut mine: BTreeMap<usize, Milli> = BTreeMap::new();
+            let mut taken = vec![false; len];
+            for _ in 0..k {
+                let pick = |taken: &[bool]| {
+                    (0..len)
+                        .filter(|&g| !taken[g] && node.gpus[g].healthy && count[g] < r)
+                        .min_by_key(|&g| (count[g], g))
+                };
+                // More replicas than GPUs with room: the pod's next round.
+                let g = match pick(&taken) {
+                    Some(g) => g,
+                    None => {
+                        taken.fill(false);
+                        match pick(&taken) {
+                            Some(g) => g,
+                            None => break,
+                        }
+                    }
+                };
+                count[g] += 1;
+                taken[g] = true;
+                *mine.entry(g).or_default() += share;
+            }
+            pods[pi].gpu = GpuUse::Devices(mine.into_iter().collect());
+        }
+        for (g, c) in count.iter().enumerate() {
+            node.gpus[g].used = (u64::from(*c) * u64::from(GPU_MILLI) / u64::from(r))
+                .min(u64::from(GPU_MILLI)) as Milli;
         }
     }
 }

@@ -27,6 +27,10 @@ pub enum Scheme {
     VolcanoShare,
     /// Aliyun gpushare (`aliyun.com/gpu-mem`, `aliyun.com/gpu-count`).
     Aliyun,
+    /// NVIDIA device plugin sharing, time-slicing or MPS: each GPU advertised as
+    /// `nvidia.com/gpu.replicas` replicas (`nvidia.com/gpu` or `nvidia.com/gpu.shared`).
+    /// Which GPU a replica is on is not recorded: counted per node.
+    NvidiaSharing,
 }
 
 impl Scheme {
@@ -39,6 +43,7 @@ impl Scheme {
             Scheme::Koordinator => "koordinator",
             Scheme::VolcanoShare => "volcano-gpushare",
             Scheme::Aliyun => "aliyun-gpushare",
+            Scheme::NvidiaSharing => "nvidia-sharing",
         }
     }
 }

@@ -3,7 +3,7 @@
 use gpu_defrag_core::frag;
 use gpu_defrag_core::ingest::build_cluster;
 use gpu_defrag_core::model::*;
-use gpu_defrag_core::policy::Policy;
+use gpu_defrag_core::policy::{Policy, TargetShape};
 use gpu_defrag_core::snapshot;
 
 fn cluster() -> Cluster {
@@ -244,4 +244,259 @@ fn hami_cordoned_gpus_receive_no_pod_unless_a_run_cordoned_them() {
     assert_eq!(healthy(r#"{"p":["GPU-c"]}"#), [true, false, true]);
     assert_eq!(healthy("{}"), [true, false, false]);
     assert_eq!(healthy("not json"), [true, false, false]);
+}
+
+// ---- NVIDIA device plugin sharing (time-slicing, MPS).
+
+fn sharing_text() -> String {
+    std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/nvidia-sharing.yaml"
+    ))
+    .unwrap()
+}
+
+fn sharing(extra: &str) -> Cluster {
+    build_cluster(
+        &snapshot::parse(&format!("{}{extra}", sharing_text())).unwrap(),
+        None,
+    )
+}
+
+fn shape(gpus: u32, milli: Milli) -> TargetShape {
+    TargetShape {
+        gpus,
+        milli_per_gpu: milli,
+        cpu: None,
+        memory: None,
+        models: vec![],
+        weight: 1.0,
+    }
+}
+
+/// Whether shape `m` fits node `n` as the metric sees it (its fragment is not all of its
+/// idle milli, or it has nothing idle left over).
+fn fits(n: &Node, m: &TargetShape) -> bool {
+    let free = frag::free_of(n);
+    let idle: u64 = free.iter().map(|f| u64::from(*f)).sum();
+    let fragment = frag::node_fragment_for(n, &free, n.cpu_free(), n.mem_free(), m);
+    fragment < idle || free.iter().filter(|f| **f >= m.milli_per_gpu).count() >= m.gpus as usize
+}
+
+fn bound(name: &str, node: &str, res: &str, k: &str) -> String {
+    format!(
+        r#"- apiVersion: v1
+  kind: Pod
+  metadata: {{name: {name}, namespace: tenant}}
+  spec:
+    nodeName: {node}
+    containers: [{{name: c, resources: {{limits: {{{res}: "{k}"}}}}}}]
+  status: {{phase: Running}}
+"#
+    )
+}
+
+#[test]
+fn a_time_sliced_node_reports_its_physical_gpus_and_replicas_as_shares() {
+    let c = sharing("");
+    let n = node(&c, "ts-0");
+    assert_eq!(
+        (n.scheme, n.granularity, n.gpus.len()),
+        (Scheme::NvidiaSharing, Granularity::Node, 8),
+        "8 physical GPUs, not the 32 replicas"
+    );
+    assert_eq!(n.model.as_deref(), Some("NVIDIA-A100-SXM4-80GB-SHARED"));
+    assert_eq!(n.gpus[0].memory_mib, Some(81920));
+    // 4 replicas held (the Succeeded pod holds none), spread least-used GPU first.
+    assert_eq!(used(n), vec![250, 250, 250, 250, 0, 0, 0, 0]);
+    assert_eq!(n.free_milli(), 7000, "28 free replicas of 250");
+    assert_eq!(pod(&c, "ml/ts-a").gpu, GpuUse::Devices(vec![(0, 250)]));
+    assert_eq!(
+        pod(&c, "ml/ts-c").gpu,
+        GpuUse::Devices(vec![(2, 250), (3, 250)])
+    );
+    assert_eq!(
+        pod(&c, "ml/ts-c").shape,
+        Some(GpuShape {
+            gpus: 2,
+            milli: 250
+        })
+    );
+    assert_eq!(pod(&c, "ml/ts-c").scheme, Some(Scheme::NvidiaSharing));
+    assert_eq!(pod(&c, "ml/ts-done").gpu, GpuUse::None);
+    assert!(n.inconsistent.is_none() && n.unknown_pods == 0);
+    // GFD's labels of an unshared node (replicas 1, strategy none) leave it plain.
+    let p = node(&c, "plain-0");
+    assert_eq!((p.scheme, p.gpus.len()), (Scheme::Plain, 8));
+}
+
+#[test]
+fn a_whole_gpu_shape_fits_a_time_sliced_node_only_where_no_replica_can_be() {
+    let c = sharing("");
+    let ts = node(&c, "ts-0");
+    let free = node(&c, "ts-free");
+    let eight = shape(8, 1000);
+    assert!(
+        !fits(ts, &eight),
+        "4 replicas held: 8 whole GPUs do not fit"
+    );
+    assert!(fits(free, &eight), "every replica of every GPU free");
+    assert!(fits(ts, &shape(4, 1000)), "4 GPUs surely untouched");
+    assert!(!fits(ts, &shape(5, 1000)));
+    assert!(fits(ts, &shape(8, 250)), "a replica on every GPU");
+    // One replica held is enough to keep the 8-GPU shape out.
+    let one = sharing(&bound("one", "ts-free", "nvidia.com/gpu", "1"));
+    assert!(!fits(node(&one, "ts-free"), &eight));
+    assert!(fits(node(&one, "ts-free"), &shape(7, 1000)));
+    // The report: 8 GPUs, 7000 idle milli, all of it fragment for the 8-GPU shape.
+    let policy = Policy {
+        shapes: vec![eight],
+        ..Policy::default()
+    };
+    let r = frag::report(&c, &policy);
+    let line = r.nodes.iter().find(|n| n.name == "ts-0").unwrap();
+    assert_eq!(
+        (
+            line.gpus,
+            line.idle_milli,
+            line.fragment_milli,
+            line.fully_free_gpus
+        ),
+        (8, 7000, 7000, 4)
+    );
+    assert_eq!(line.scheme, Scheme::NvidiaSharing);
+    let free_line = r.nodes.iter().find(|n| n.name == "ts-free").unwrap();
+    assert_eq!((free_line.idle_milli, free_line.fragment_milli), (8000, 0));
+    // For one-replica shapes nothing on the time-sliced node is fragment.
+    let r = frag::report(
+        &c,
+        &Policy {
+            shapes: vec![shape(1, 250)],
+            ..Policy::default()
+        },
+    );
+    let line = r.nodes.iter().find(|n| n.name == "ts-0").unwrap();
+    assert_eq!(line.fragment_milli, 0);
+}
+
+#[test]
+fn mps_replicas_are_shares_of_their_gpu() {
+    let c = sharing("");
+    let n = node(&c, "mps-0");
+    assert_eq!((n.scheme, n.gpus.len()), (Scheme::NvidiaSharing, 2));
+    // 2 GPUs × 2 replicas of 500: three held, least-used GPU first.
+    assert_eq!(used(n), vec![1000, 500]);
+    assert_eq!(pod(&c, "ml/mps-c").gpu, GpuUse::Devices(vec![(0, 500)]));
+    assert_eq!(n.free_milli(), 500);
+    // A fourth fills the node; a fifth is more than it has: every replica pod unknown.
+    let full = sharing(&bound("d", "mps-0", "nvidia.com/gpu", "1"));
+    assert_eq!(used(node(&full, "mps-0")), vec![1000, 1000]);
+    let over = sharing(&format!(
+        "{}{}",
+        bound("d", "mps-0", "nvidia.com/gpu", "1"),
+        bound("e", "mps-0", "nvidia.com/gpu", "1")
+    ));
+    let n = node(&over, "mps-0");
+    assert!(
+        n.inconsistent
+            .as_deref()
+            .unwrap()
+            .contains("hold 5 GPU replicas, node has 4")
+    );
+    assert_eq!(n.unknown_pods, 5);
+    assert!(matches!(
+        pod(&over, "ml/mps-a").gpu,
+        GpuUse::Unknown(UnknownReason::Overcommitted(_))
+    ));
+}
+
+#[test]
+fn renamed_replicas_are_read_from_nvidia_com_gpu_shared() {
+    let c = sharing(&format!(
+        "{}{}{}",
+        bound("whole", "ts-renamed", "nvidia.com/gpu", "1"),
+        bound("shared-on-plain", "plain-0", "nvidia.com/gpu.shared", "1"),
+        r#"- apiVersion: v1
+  kind: Pod
+  metadata: {name: waiting, namespace: tenant}
+  spec:
+    containers: [{name: c, resources: {limits: {nvidia.com/gpu.shared: "1"}}}]
+  status: {phase: Pending}
+"#
+    ));
+    let n = node(&c, "ts-renamed");
+    assert_eq!((n.scheme, n.gpus.len()), (Scheme::NvidiaSharing, 2));
+    assert_eq!(
+        n.model.as_deref(),
+        Some("NVIDIA-L4"),
+        "no -SHARED when renamed"
+    );
+    assert_eq!(used(n), vec![250, 0]);
+    assert_eq!(pod(&c, "ml/shared-a").gpu, GpuUse::Devices(vec![(0, 250)]));
+    // nvidia.com/gpu on a node that advertises .shared, .shared on a plain node: neither
+    // could have been admitted as read.
+    for key in ["tenant/whole", "tenant/shared-on-plain"] {
+        assert!(
+            matches!(
+                pod(&c, key).gpu,
+                GpuUse::Unknown(UnknownReason::DisagreesWithRequest(_))
+            ),
+            "{key}: {:?}",
+            pod(&c, key).gpu
+        );
+    }
+    // A pending .shared pod: its replica size is its future node's.
+    let w = pod(&c, "tenant/waiting");
+    assert_eq!((w.shape, w.scheme), (None, Some(Scheme::NvidiaSharing)));
+}
+
+#[test]
+fn the_planner_never_moves_a_replica_nor_places_a_pod_on_a_time_sliced_node() {
+    // Two plain nodes with one 1-GPU pod each: the control case merges them.
+    let plain2 = r#"- apiVersion: v1
+  kind: Node
+  metadata:
+    name: plain-1
+    labels: {nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB}
+  status:
+    allocatable: {cpu: "64", memory: 512Gi, pods: "110", nvidia.com/gpu: "8"}
+    conditions: [{type: Ready, status: "True"}]
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: plain-b, namespace: ml, ownerReferences: [{apiVersion: apps/v1, kind: ReplicaSet, name: plain-b, uid: u5, controller: true}]}
+  spec:
+    nodeName: plain-1
+    containers: [{name: c, resources: {limits: {nvidia.com/gpu: "1"}, requests: {cpu: "1", memory: 1Gi}}}]
+  status: {phase: Running, conditions: [{type: Ready, status: "True"}]}
+"#;
+    let c = sharing(plain2);
+    for shapes in [vec![shape(8, 1000)], vec![shape(1, 250)], vec![]] {
+        let policy = Policy {
+            shapes,
+            evict_single_replicas: true,
+            ..Policy::default()
+        };
+        let p = gpu_defrag_core::plan::plan(
+            &c,
+            &policy,
+            None,
+            &gpu_defrag_core::plan::History::default(),
+        );
+        for m in &p.moves {
+            for n in [&m.from_node, &m.to_node] {
+                assert_eq!(
+                    node(&c, n).scheme,
+                    Scheme::Plain,
+                    "{m:?}: a replica's GPU is not recorded, its move not predictable"
+                );
+            }
+        }
+        if policy.shapes.first().is_some_and(|s| s.gpus == 8) {
+            assert!(
+                !p.moves.is_empty(),
+                "control: the plain pods are merged, {:?}",
+                p.skipped
+            );
+        }
+    }
 }

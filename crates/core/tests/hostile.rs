@@ -813,3 +813,186 @@ items:
     ));
     assert_untouched(&c, "plain-a", "plain");
 }
+
+// ---- NVIDIA sharing (time-slicing, MPS): the node's labels are the only inventory.
+
+/// The spoof cluster plus node `ts` with the given GPU feature discovery labels and GPU
+/// allocatable, and one pod of tenant-d holding one `nvidia.com/gpu` there.
+fn with_sharing_node(labels: &[(&str, &str)], alloc: &[(&str, &str)]) -> Cluster {
+    let mut objs = spoof_cluster();
+    let labels: serde_json::Map<String, serde_json::Value> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+        .collect();
+    let mut allocatable = serde_json::json!({"cpu": "64", "memory": "512Gi", "pods": "110"});
+    for (k, v) in alloc {
+        allocatable[*k] = serde_json::Value::from(*v);
+    }
+    objs.nodes.push(
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "ts", "labels": labels},
+            "status": {"allocatable": allocatable,
+                "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .unwrap(),
+    );
+    objs.pods.push(pod_obj("tenant-d", "rep", "ts", "1", None));
+    build_cluster(&objs, None)
+}
+
+/// Label or allocatable entries: (key, value).
+type Labels<'a> = Vec<(&'a str, &'a str)>;
+
+const STRATEGY: &str = "nvidia.com/gpu.sharing-strategy";
+const REPLICAS: &str = "nvidia.com/gpu.replicas";
+const COUNT: &str = "nvidia.com/gpu.count";
+
+#[test]
+fn contradictory_sharing_labels_make_the_node_unreadable_never_a_guess() {
+    let ts = (STRATEGY, "time-slicing");
+    let huge = "9".repeat(40);
+    let long = "x".repeat(1 << 16);
+    let cases: Vec<(&str, Labels, Labels)> = vec![
+        (
+            "no replicas label",
+            vec![ts],
+            vec![("nvidia.com/gpu", "32")],
+        ),
+        (
+            "replicas not a number",
+            vec![ts, (REPLICAS, "four")],
+            vec![("nvidia.com/gpu", "32")],
+        ),
+        (
+            "replicas negative",
+            vec![ts, (REPLICAS, "-4")],
+            vec![("nvidia.com/gpu", "32")],
+        ),
+        (
+            "replicas a fraction",
+            vec![ts, (REPLICAS, "2.5")],
+            vec![("nvidia.com/gpu", "32")],
+        ),
+        (
+            "replicas beyond u64",
+            vec![ts, (REPLICAS, &huge)],
+            vec![("nvidia.com/gpu", "32")],
+        ),
+        (
+            "replicas huge text",
+            vec![(REPLICAS, &long)],
+            vec![("nvidia.com/gpu", "32")],
+        ),
+        (
+            "replicas 1 while shared",
+            vec![ts, (REPLICAS, "1")],
+            vec![("nvidia.com/gpu", "32")],
+        ),
+        (
+            "replicas 0 while shared",
+            vec![ts, (REPLICAS, "0")],
+            vec![("nvidia.com/gpu", "32")],
+        ),
+        (
+            "strategy none, 4 replicas",
+            vec![(STRATEGY, "none"), (REPLICAS, "4")],
+            vec![("nvidia.com/gpu", "32")],
+        ),
+        (
+            "unknown strategy",
+            vec![(STRATEGY, "mig"), (REPLICAS, "4")],
+            vec![("nvidia.com/gpu", "32")],
+        ),
+        (
+            "not a multiple",
+            vec![ts, (REPLICAS, "4")],
+            vec![("nvidia.com/gpu", "30")],
+        ),
+        (
+            "count disagrees",
+            vec![ts, (REPLICAS, "4"), (COUNT, "4")],
+            vec![("nvidia.com/gpu", "32")],
+        ),
+        (
+            "count not a number",
+            vec![ts, (REPLICAS, "4"), (COUNT, "8 GPUs")],
+            vec![("nvidia.com/gpu", "32")],
+        ),
+        (
+            "allocatable not a count",
+            vec![ts, (REPLICAS, "4")],
+            vec![("nvidia.com/gpu", "32.5")],
+        ),
+        (
+            "renamed, no labels",
+            vec![],
+            vec![("nvidia.com/gpu.shared", "32")],
+        ),
+        (
+            "whole and shared",
+            vec![ts, (REPLICAS, "4")],
+            vec![("nvidia.com/gpu", "4"), ("nvidia.com/gpu.shared", "16")],
+        ),
+    ];
+    let policy = whole_gpu_policy();
+    for (what, labels, alloc) in cases {
+        let c = with_sharing_node(&labels, &alloc);
+        let n = &c.nodes[c.node_index("ts").unwrap()];
+        let why = n.inconsistent.as_deref().unwrap_or_default();
+        assert!(
+            why.starts_with("node inventory unreadable: ") && why.len() < 400,
+            "{what}: {why:?}"
+        );
+        assert!(n.gpus.is_empty(), "{what}: no GPU guessed");
+        assert!(
+            matches!(
+                gpu_of(&c, "tenant-d/rep"),
+                GpuUse::Unknown(UnknownReason::NodeInventory(_))
+            ),
+            "{what}: {:?}",
+            gpu_of(&c, "tenant-d/rep")
+        );
+        let p = plan(&c, &policy, None, &History::default());
+        assert!(!p.moves.is_empty(), "{what}: the honest nodes still merge");
+        for m in &p.moves {
+            assert!(m.from_node != "ts" && m.to_node != "ts", "{what}: {m:?}");
+        }
+    }
+    // Control: the same node, consistent, is read as 8 GPUs with one replica held.
+    let c = with_sharing_node(
+        &[ts, (REPLICAS, "4"), (COUNT, "8")],
+        &[("nvidia.com/gpu", "32")],
+    );
+    let n = &c.nodes[c.node_index("ts").unwrap()];
+    assert_eq!((n.scheme, n.gpus.len()), (Scheme::NvidiaSharing, 8));
+    assert!(n.inconsistent.is_none());
+    assert_eq!(gpu_of(&c, "tenant-d/rep"), &GpuUse::Devices(vec![(0, 250)]));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+    /// Any label and allocatable values: never a panic, and a sharing node is either
+    /// unreadable or read exactly (physical GPUs × replicas = the allocatable).
+    #[test]
+    fn random_sharing_labels_never_panic_and_never_guess(
+        strategy in prop_oneof![Just("time-slicing".to_string()), Just("mps".to_string()), "\\PC{0,12}"],
+        replicas in prop_oneof!["[0-9]{1,4}", "\\PC{0,8}"],
+        count in prop_oneof!["[0-9]{1,3}", "\\PC{0,8}"],
+        alloc in prop_oneof!["[0-9]{1,5}", "\\PC{0,8}"],
+        renamed in any::<bool>(),
+    ) {
+        let res = if renamed { "nvidia.com/gpu.shared" } else { "nvidia.com/gpu" };
+        let c = with_sharing_node(
+            &[(STRATEGY, &strategy), (REPLICAS, &replicas), (COUNT, &count)],
+            &[(res, &alloc)],
+        );
+        let n = &c.nodes[c.node_index("ts").unwrap()];
+        if n.scheme == Scheme::NvidiaSharing && n.inconsistent.is_none() {
+            let r: u64 = replicas.trim().parse().unwrap();
+            let a = formats::quantity_to_count(&alloc).unwrap();
+            prop_assert_eq!(n.gpus.len() as u64 * r, a);
+            prop_assert_eq!(n.gpus.len() as u64, count.trim().parse::<u64>().unwrap());
+        }
+    }
+}

@@ -20,6 +20,7 @@ mod hami;
 mod kai;
 mod koord;
 mod mig;
+mod nvidia_sharing;
 mod plain;
 mod unrecorded;
 mod volcano_share;
@@ -30,6 +31,9 @@ pub use hami::{HAMI_NODE_REGISTER, HAMI_POD_ALLOCATED, hami_pod_gpus};
 pub use kai::{KAI_FRACTION, KAI_GROUP, KAI_RESERVATION_NS};
 pub use koord::{KOORD_DEVICE_ALLOCATED, KOORD_GPU_CORE};
 pub(crate) use mig::read_pools as read_mig_pools;
+pub use nvidia_sharing::{
+    GPU_COUNT_LABEL, GPU_REPLICAS_LABEL, GPU_SHARING_STRATEGY_LABEL, NVIDIA_GPU_SHARED,
+};
 pub use plain::{GPU_MEMORY_LABEL, GPU_PRODUCT_LABEL, NVIDIA_GPU};
 pub use volcano_share::{VOLCANO_GPU_INDEX, VOLCANO_GPU_MEMORY, VOLCANO_GPU_NUMBER};
 pub use volcano_vgpu::{VOLCANO_NODE_REGISTER, VOLCANO_VGPU_IDS};
@@ -37,8 +41,9 @@ pub use volcano_vgpu::{VOLCANO_NODE_REGISTER, VOLCANO_VGPU_IDS};
 /// Every adapter, in precedence order: a node belongs to the first that recognises it, a pod
 /// is resolved by the first that recognises it. Pod records come first (HAMi, Volcano vGPU,
 /// Koordinator, Volcano gpushare, Aliyun, KAI), then the share requests no record backs,
-/// then the schemes read from requests alone (MIG, plain `nvidia.com/gpu`, which recognises
-/// every node and every pod).
+/// then the schemes read from requests alone (MIG; NVIDIA time-slicing and MPS replicas,
+/// recognised on the node by GPU feature discovery's labels; plain `nvidia.com/gpu`, which
+/// recognises every node and every pod).
 pub(crate) static ADAPTERS: &[&dyn Adapter] = &[
     &hami::Hami,
     &volcano_vgpu::VolcanoVgpu,
@@ -48,6 +53,7 @@ pub(crate) static ADAPTERS: &[&dyn Adapter] = &[
     &kai::Kai,
     &unrecorded::UnrecordedShare,
     &mig::Mig,
+    &nvidia_sharing::NvidiaSharing,
     &plain::Plain,
 ];
 
@@ -153,6 +159,8 @@ pub(crate) struct NodeCtx {
     pub card_mem: Option<u64>,
     /// Why the node's GPU inventory could not be read.
     pub inventory_error: Option<String>,
+    /// NVIDIA sharing: replicas per GPU and the resource they are advertised as.
+    pub replicas: Option<(u32, &'static str)>,
 }
 
 /// What an adapter reads of a pod.
@@ -306,6 +314,9 @@ pub(crate) enum Resolved {
     Use(GpuUse, Option<GpuShape>, Option<Scheme>),
     /// KAI fraction: group, milli.
     Kai(String, Milli),
+    /// NVIDIA sharing: replicas held on the pod's node (which GPUs is not recorded), and
+    /// the pod's shape.
+    Replicas(u32, GpuShape),
 }
 
 /// An unknown allocation.
@@ -427,6 +438,7 @@ mod tests {
                 "kai",
                 "unrecorded-share",
                 "mig",
+                "nvidia-sharing",
                 "plain",
             ]
         );
@@ -446,6 +458,7 @@ mod tests {
                 Scheme::Koordinator,
                 Scheme::VolcanoShare,
                 Scheme::Aliyun,
+                Scheme::NvidiaSharing,
                 Scheme::Plain,
             ],
             "every scheme has exactly one adapter"
