@@ -60,6 +60,10 @@ pub enum Cmd {
         /// Heatmap rows at most (table output).
         #[arg(long, default_value_t = 40)]
         max_rows: usize,
+        /// The instant pod and node ages are measured at (RFC 3339); default now. A
+        /// snapshot is judged as the operator would judge its objects at that instant.
+        #[arg(long, value_name = "RFC3339", value_parser = parse_now)]
+        now: Option<chrono::DateTime<chrono::Utc>>,
         #[command(flatten)]
         kube: input::KubeArgs,
     },
@@ -120,6 +124,10 @@ pub enum Cmd {
         /// Output format.
         #[arg(short = 'o', long, value_enum, default_value = "table")]
         output: Output,
+        /// The instant pod and node ages are measured at (RFC 3339); default now. A
+        /// snapshot is judged as the operator would judge its objects at that instant.
+        #[arg(long, value_name = "RFC3339", value_parser = parse_now)]
+        now: Option<chrono::DateTime<chrono::Utc>>,
         #[command(flatten)]
         kube: input::KubeArgs,
     },
@@ -224,9 +232,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             policy,
             output,
             max_rows,
+            now,
             kube,
         } => {
-            let (cluster, policy, _) = load_inputs(snapshot, policy, policy_name, &kube)?;
+            let (cluster, policy, _) = load_inputs(snapshot, policy, policy_name, now, &kube)?;
             let report = frag::report(&cluster, &policy);
             match output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
@@ -242,9 +251,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             snapshot,
             policy,
             output,
+            now,
             kube,
         } => {
-            let (cluster, policy, now) = load_inputs(snapshot, policy, policy_name, &kube)?;
+            let (cluster, policy, now) = load_inputs(snapshot, policy, policy_name, now, &kube)?;
             let before = frag::report(&cluster, &policy);
             let plan = gpu_defrag_core::plan::plan(&cluster, &policy, now, &Default::default());
             let after_cluster = gpu_defrag_core::plan::apply(&cluster, &plan);
@@ -308,13 +318,19 @@ async fn run_client(
     apiclient::client(config, limit)
 }
 
+/// `--now`: an RFC 3339 instant.
+fn parse_now(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    crate::objects::parse_ts(s).ok_or_else(|| format!("{s:?} is not an RFC 3339 time"))
+}
+
 /// The cluster model (from a snapshot or the live cluster), the policy (from a file, from
-/// the cluster by name, or the defaults) and the instant ages are measured from (None for
-/// snapshots). Only reads.
+/// the cluster by name, or the defaults) and the instant ages are measured at (`now`, or
+/// the current time). Only reads.
 fn load_inputs(
     snapshot: Option<PathBuf>,
     policy: Option<PathBuf>,
     policy_name: Option<String>,
+    now: Option<chrono::DateTime<chrono::Utc>>,
     kube: &input::KubeArgs,
 ) -> anyhow::Result<(
     gpu_defrag_core::model::Cluster,
@@ -328,22 +344,12 @@ fn load_inputs(
         }
         (None, None) => Policy::default(),
     };
-    let (objs, now) = load(snapshot, kube)?;
+    let objs = match snapshot {
+        Some(path) => input::read_snapshot(&path)?,
+        None => block_on(async { input::read_live(client(kube).await?).await })?,
+    };
+    let now = Some(now.unwrap_or_else(chrono::Utc::now));
     Ok((ingest::build_cluster(&objs, now), policy, now))
-}
-
-/// Objects from a snapshot file, or from the live cluster with the current time.
-fn load(
-    snapshot: Option<PathBuf>,
-    kube: &input::KubeArgs,
-) -> anyhow::Result<(ingest::Objects, Option<chrono::DateTime<chrono::Utc>>)> {
-    Ok(match snapshot {
-        Some(path) => (input::read_snapshot(&path)?, None),
-        None => {
-            let objs = block_on(async { input::read_live(client(kube).await?).await })?;
-            (objs, Some(chrono::Utc::now()))
-        }
-    })
 }
 
 /// The log of `gpu-defrag run`: `RUST_LOG` filters (default `info,kube=warn`).

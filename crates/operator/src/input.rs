@@ -59,39 +59,196 @@ impl KubeArgs {
     }
 }
 
-/// Reads a policy file: a DefragPolicy object, or just its spec.
+/// Reads a policy file: a DefragPolicy object, its spec alone, or `spec:` alone. The spec
+/// is checked as the API server (the CRD's schema and rules) and the operator (windows,
+/// shapes, limits) would check it: a policy either would refuse is an error here too.
 pub fn read_policy(path: &Path) -> Result<(String, Policy), InputError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| InputError(format!("{}: {e}", path.display())))?;
     let value: serde_json::Value = serde_norway::from_str(&text)
         .map_err(|e| InputError(format!("{}: not YAML: {e}", path.display())))?;
-    let (name, spec) = if value.get("spec").is_some() {
-        let p: DefragPolicy = serde_path_to_error::deserialize(value).map_err(|e| {
-            InputError(format!(
-                "{}: field {}: {}",
-                path.display(),
-                e.path(),
-                e.inner()
-            ))
-        })?;
-        (
-            p.metadata.name.clone().unwrap_or_else(|| "policy".into()),
-            p.spec,
-        )
-    } else {
-        let s: DefragPolicySpec = serde_path_to_error::deserialize(value).map_err(|e| {
-            InputError(format!(
-                "{}: field spec.{}: {}",
-                path.display(),
-                e.path(),
-                e.inner()
-            ))
-        })?;
-        ("policy".into(), s)
+    let whole = ["apiVersion", "kind", "metadata"]
+        .iter()
+        .any(|k| value.get(k).is_some());
+    let name = value
+        .pointer("/metadata/name")
+        .and_then(|n| n.as_str())
+        .unwrap_or("policy")
+        .to_string();
+    let spec_value = match value.get("spec") {
+        Some(spec) if whole || value.as_object().is_some_and(|o| o.len() == 1) => spec.clone(),
+        _ => value,
     };
-    let policy =
-        Policy::from_spec(&spec).map_err(|e| InputError(format!("{}: {e}", path.display())))?;
+    check_spec(&spec_value).map_err(|e| InputError(format!("{}: {e}", path.display())))?;
+    let spec: DefragPolicySpec = serde_path_to_error::deserialize(spec_value).map_err(|e| {
+        InputError(format!(
+            "{}: field spec.{}: {}",
+            path.display(),
+            e.path(),
+            e.inner()
+        ))
+    })?;
+    let policy = validate(&spec).map_err(|e| InputError(format!("{}: {e}", path.display())))?;
     Ok((name, policy))
+}
+
+/// What the operator refuses in a spec (beyond the schema): an unusable policy or window.
+pub fn validate(spec: &DefragPolicySpec) -> Result<Policy, String> {
+    let policy = Policy::from_spec(spec).map_err(|e| e.to_string())?;
+    gpu_defrag_core::windows::Windows::parse(&spec.windows).map_err(|e| e.to_string())?;
+    Ok(policy)
+}
+
+/// Checks a spec (JSON) as the API server would: the CRD's schema (types, unknown fields,
+/// ranges, lengths, patterns, enums) and its validation rules.
+pub fn check_spec(spec: &serde_json::Value) -> Result<(), String> {
+    use kube::CustomResourceExt;
+    let crd = serde_json::to_value(DefragPolicy::crd()).map_err(|e| e.to_string())?;
+    let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    let mut errors = Vec::new();
+    check_value(spec, schema, "spec", &mut errors);
+    // The rules (x-kubernetes-validations) of the schema, as the operator knows them.
+    if spec.get("mode").and_then(|m| m.as_str()) == Some("Enforce")
+        && spec
+            .get("windows")
+            .and_then(|w| w.as_array())
+            .is_none_or(|w| w.is_empty())
+    {
+        errors.push(
+            "spec: mode Enforce needs at least one maintenance window in spec.windows".into(),
+        );
+    }
+    for (i, w) in spec
+        .get("windows")
+        .and_then(|w| w.as_array())
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        if let Some(s) = w.get("schedule").and_then(|s| s.as_str())
+            && s.split(' ').filter(|f| !f.is_empty()).count() != 5
+        {
+            errors.push(format!(
+                "spec.windows[{i}].schedule: schedule must be a cron expression with 5 fields"
+            ));
+        }
+    }
+    match errors.is_empty() {
+        true => Ok(()),
+        false => Err(errors.join("; ")),
+    }
+}
+
+/// One value against its OpenAPI v3 schema (the keywords the CRD uses).
+fn check_value(v: &serde_json::Value, s: &serde_json::Value, path: &str, errors: &mut Vec<String>) {
+    use serde_json::Value;
+    if v.is_null() {
+        if s.get("nullable") != Some(&Value::Bool(true)) {
+            errors.push(format!("{path}: must not be null"));
+        }
+        return;
+    }
+    if s.get("x-kubernetes-int-or-string").is_some()
+        || s.get("x-kubernetes-preserve-unknown-fields").is_some()
+    {
+        return;
+    }
+    let ty = s.get("type").and_then(Value::as_str);
+    match (ty, v) {
+        (Some("object"), Value::Object(o)) => {
+            let props = s.get("properties").and_then(Value::as_object);
+            let extra = s.get("additionalProperties");
+            for (k, x) in o {
+                match (props.and_then(|p| p.get(k)), extra) {
+                    (Some(ps), _) => check_value(x, ps, &format!("{path}.{k}"), errors),
+                    (None, Some(a)) if a.is_object() => {
+                        check_value(x, a, &format!("{path}.{k}"), errors)
+                    }
+                    (None, Some(Value::Bool(true))) => {}
+                    (None, _) if props.is_some() => {
+                        errors.push(format!("{path}.{k}: unknown field"))
+                    }
+                    _ => {}
+                }
+            }
+            for r in s
+                .get("required")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                if let Some(r) = r.as_str()
+                    && !o.contains_key(r)
+                {
+                    errors.push(format!("{path}.{r}: required"));
+                }
+            }
+        }
+        (Some("array"), Value::Array(a)) => {
+            let n = a.len() as u64;
+            if let Some(m) = s.get("maxItems").and_then(Value::as_u64)
+                && n > m
+            {
+                errors.push(format!("{path}: at most {m} items, got {n}"));
+            }
+            if let Some(m) = s.get("minItems").and_then(Value::as_u64)
+                && n < m
+            {
+                errors.push(format!("{path}: at least {m} items, got {n}"));
+            }
+            if let Some(items) = s.get("items") {
+                for (i, x) in a.iter().enumerate() {
+                    check_value(x, items, &format!("{path}[{i}]"), errors);
+                }
+            }
+        }
+        (Some("string"), Value::String(x)) => {
+            let n = x.chars().count() as u64;
+            if let Some(m) = s.get("maxLength").and_then(Value::as_u64)
+                && n > m
+            {
+                errors.push(format!("{path}: at most {m} characters, got {n}"));
+            }
+            if let Some(m) = s.get("minLength").and_then(Value::as_u64)
+                && n < m
+            {
+                errors.push(format!("{path}: at least {m} characters, got {n}"));
+            }
+            if let Some(p) = s.get("pattern").and_then(Value::as_str)
+                && regex::Regex::new(p).is_ok_and(|re| !re.is_match(x))
+            {
+                errors.push(format!("{path}: {x:?} does not match {p}"));
+            }
+            if let Some(e) = s.get("enum").and_then(Value::as_array)
+                && !e.iter().any(|c| c == v)
+            {
+                let allowed: Vec<String> = e.iter().map(|c| c.to_string()).collect();
+                errors.push(format!(
+                    "{path}: {x:?} is not one of {}",
+                    allowed.join(", ")
+                ));
+            }
+        }
+        (Some("integer" | "number"), Value::Number(x)) => {
+            let f = x.as_f64().unwrap_or(f64::NAN);
+            if ty == Some("integer") && !(x.is_i64() || x.is_u64()) {
+                errors.push(format!("{path}: must be an integer, got {x}"));
+            }
+            if let Some(m) = s.get("minimum").and_then(Value::as_f64)
+                && f < m
+            {
+                errors.push(format!("{path}: must be at least {m}, got {x}"));
+            }
+            if let Some(m) = s.get("maximum").and_then(Value::as_f64)
+                && f > m
+            {
+                errors.push(format!("{path}: must be at most {m}, got {x}"));
+            }
+        }
+        (Some("boolean"), Value::Bool(_)) => {}
+        (Some(t), _) => errors.push(format!("{path}: must be of type {t}")),
+        (None, _) => {}
+    }
 }
 
 /// Reads DefragPolicy `name` from the cluster and checks its spec as the operator does.
@@ -103,8 +260,7 @@ pub async fn read_cluster_policy(
         .get(name)
         .await
         .map_err(|e| not_found(e, name))?;
-    let policy =
-        Policy::from_spec(&p.spec).map_err(|e| InputError(format!("DefragPolicy {name}: {e}")))?;
+    let policy = validate(&p.spec).map_err(|e| InputError(format!("DefragPolicy {name}: {e}")))?;
     Ok((name.to_string(), policy))
 }
 
@@ -250,4 +406,73 @@ pub async fn read_live(client: kube::Client) -> anyhow::Result<Objects> {
             kai_pod_groups: groups_listed[1],
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `read_policy` of `text` written to a temporary file.
+    fn read(text: &str) -> Result<(String, Policy), String> {
+        let dir = std::env::temp_dir().join(format!(
+            "gpu-defrag-input-{}-{}",
+            std::process::id(),
+            text.len()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("policy.yaml");
+        std::fs::write(&path, text).unwrap();
+        let r = read_policy(&path).map_err(|e| e.0);
+        let _ = std::fs::remove_dir_all(&dir);
+        r
+    }
+
+    #[test]
+    fn a_policy_file_may_be_the_object_its_spec_or_spec_alone() {
+        let object = "apiVersion: gpu-defrag.io/v1alpha1\nkind: DefragPolicy\nmetadata: {name: nightly}\nspec:\n  limits: {maxInFlight: 2}\n";
+        let (name, p) = read(object).unwrap();
+        assert_eq!((name.as_str(), p.max_in_flight), ("nightly", 2));
+        let spec_key = "spec:\n  limits: {maxInFlight: 3}\n";
+        assert_eq!(read(spec_key).unwrap().1.max_in_flight, 3);
+        let bare = "limits: {maxInFlight: 4}\n";
+        assert_eq!(read(bare).unwrap().1.max_in_flight, 4);
+    }
+
+    #[test]
+    fn what_the_api_server_or_the_operator_would_refuse_is_refused() {
+        for (text, says) in [
+            ("mode: Enforce\n", "needs at least one maintenance window"),
+            (
+                "mode: Enforce\nwindows: [{schedule: '0 2 * * *', duration: 3h, timeZone: Mars/Olympus}]\n",
+                "Mars/Olympus",
+            ),
+            (
+                "windows: [{schedule: '0 0 2 * * *', duration: 3h}]\n",
+                "cron expression with 5 fields",
+            ),
+            (
+                "windows: [{schedule: '0 2 * * *', duration: 3 hours}]\n",
+                "does not match",
+            ),
+            (
+                "limits: {maxInFlight: 1000}\n",
+                "spec.limits.maxInFlight: must be at most 100",
+            ),
+            (
+                "mode: Sometimes\n",
+                "spec.mode: \"Sometimes\" is not one of",
+            ),
+            ("limts: {maxInFlight: 1}\n", "spec.limts: unknown field"),
+            ("trigger: {minFragmentRate: 2}\n", "minFragmentRate"),
+        ] {
+            let e = read(text).expect_err(text);
+            assert!(e.contains(says), "{text}: {e}");
+        }
+        assert!(
+            read(
+                "mode: Enforce\nwindows: [{schedule: '0 2 * * *', duration: 3h, timeZone: UTC}]\n"
+            )
+            .is_ok()
+        );
+    }
 }
