@@ -18,7 +18,8 @@
 #                 command (cargo build --release -p gpu-defrag-operator --locked, on this
 #                 Debian 12 host: same glibc); then the Containerfile's runtime stage on them.
 # RUST_IMAGE and BASE_IMAGE override the Containerfile's base images; REBUILD_BASE=1 remakes
-# the debian-local base (localhost/gpu-defrag-base:debian12).
+# the debian-local base (localhost/gpu-defrag-base:debian12); TLS_VERIFY=false pushes to a
+# plain-HTTP registry (a local test registry).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,7 +52,7 @@ if [ "${1:-}" = push ]; then
   need_buildah
   buildah inspect --type image "$REF" >/dev/null 2>&1 || die "no local image $REF: run make image first"
   say "pushing $REF"
-  exec buildah push "$REF" "docker://$REF"
+  exec buildah push --tls-verify="${TLS_VERIFY:-true}" "$REF" "docker://$REF"
 fi
 [ $# -eq 0 ] || die "usage: hack/image.sh [push]"
 
