@@ -9,6 +9,7 @@ use gpu_defrag_core::{frag, ingest, policy::Policy, snapshot};
 mod bench;
 mod cputime;
 mod matrix;
+mod replay;
 mod scale;
 mod scenario;
 mod synth;
@@ -58,6 +59,17 @@ impl SynthArgs {
             ..Default::default()
         }
     }
+}
+
+/// Output format of `replay`.
+#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
+enum ReplayOutput {
+    /// JSON document.
+    Json,
+    /// Table for people, one row per run.
+    Table,
+    /// Markdown: medians over seeds per workload and planner.
+    Markdown,
 }
 
 /// Output format.
@@ -137,6 +149,54 @@ enum Cmd {
         /// more run each, and a table of fragment drop against free 8-GPU nodes.
         #[arg(long, value_delimiter = ',')]
         whole_node_weights: Vec<f64>,
+    },
+    /// Churn replay over days: seeded Poisson arrivals of the trace's pods on its GPU
+    /// nodes, a queueing bin-packing scheduler, a descheduler once per maintenance window
+    /// opening; queueing delay per shape class, allocation ratio, evictions.
+    Replay {
+        /// Trace CSV directory (as for `bench`).
+        #[arg(long)]
+        trace: Option<PathBuf>,
+        /// Pod lists (comma-separated): default, gpushare40, multigpu50, …
+        #[arg(long, value_delimiter = ',', default_value = "default")]
+        workload: Vec<String>,
+        /// Seeds (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "1")]
+        seed: Vec<u64>,
+        /// Simulated days (warm-up included).
+        #[arg(long, default_value_t = 14.0)]
+        days: f64,
+        /// Warm-up days, not measured.
+        #[arg(long, default_value_t = 1.0)]
+        warmup_days: f64,
+        /// Offered GPU load: fraction of capacity the arrivals ask for on average.
+        #[arg(long, default_value_t = 0.9)]
+        load: f64,
+        /// Maintenance window schedule (cron, UTC); repeat for several.
+        #[arg(long = "window", default_value = "0 2 * * *")]
+        windows: Vec<String>,
+        /// Window length, hours.
+        #[arg(long, default_value_t = 3.0)]
+        window_hours: f64,
+        /// Eviction budget per run: fraction of running GPU pods.
+        #[arg(long, default_value_t = 0.05)]
+        budget: f64,
+        /// Lifetimes drawn from the trace are capped at this, hours.
+        #[arg(long, default_value_t = 168.0)]
+        max_lifetime_hours: f64,
+        /// HighNodeUtilization `nvidia.com/gpu` threshold, percent.
+        #[arg(long, default_value_t = 50.0)]
+        hnu_threshold: f64,
+        /// gpu-defrag's `safety.maxPendingGpuPods` (policy default 5): no run starts
+        /// while more GPU pods are pending.
+        #[arg(long, default_value_t = 5)]
+        max_pending_gpu_pods: u32,
+        /// Planners (comma-separated; default: all).
+        #[arg(long, value_delimiter = ',')]
+        planners: Vec<String>,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value_t = ReplayOutput::Table)]
+        output: ReplayOutput,
     },
     /// Time the planner on a large synthetic cluster built directly as a model.
     Scale {
@@ -230,6 +290,47 @@ fn main() -> anyhow::Result<()> {
                 whole_node_weights,
             })?;
             print!("{md}");
+        }
+        Cmd::Replay {
+            trace,
+            workload,
+            seed,
+            days,
+            warmup_days,
+            load,
+            windows,
+            window_hours,
+            budget,
+            max_lifetime_hours,
+            hnu_threshold,
+            max_pending_gpu_pods,
+            planners,
+            output,
+        } => {
+            let out = replay::run_all(&replay::Args {
+                dir: trace::resolve_dir(trace.as_deref()),
+                workloads: workload,
+                seeds: seed,
+                params: replay::Params {
+                    workload: String::new(),
+                    seed: 0,
+                    days,
+                    warmup_days,
+                    load,
+                    windows,
+                    window_hours,
+                    budget,
+                    max_lifetime_hours,
+                    hnu_threshold,
+                    max_pending_gpu_pods,
+                },
+                planners,
+            })?;
+            match output {
+                ReplayOutput::Json => println!("{}", serde_json::to_string_pretty(&out)?),
+                ReplayOutput::Table => print!("{}", replay::table(&out)),
+                ReplayOutput::Markdown => print!("{}", replay::markdown(&out)),
+            }
         }
         Cmd::Scale {
             nodes,

@@ -220,6 +220,38 @@ pub fn parse_pods(text: &str, file: &str) -> Result<(Vec<TracePod>, usize)> {
     Ok((out, skipped))
 }
 
+/// Lifetimes in seconds (`deletion_time − creation_time`) of the GPU pods of a pod list,
+/// in the order [`parse_pods`] returns them; `None` when the list has no such columns
+/// (the multigpu lists carry only the first five).
+pub fn parse_lifetimes(text: &str, file: &str) -> Result<Option<Vec<u64>>> {
+    let t = read_table(text, file)?;
+    let ng = t.col("num_gpu", file)?;
+    let (Some(c), Some(d)) = (
+        t.header.iter().position(|h| h == "creation_time"),
+        t.header.iter().position(|h| h == "deletion_time"),
+    ) else {
+        return Ok(None);
+    };
+    let mut out = Vec::new();
+    for (line, f) in &t.rows {
+        let num_gpu: u32 = num(&f[ng], file, *line, "num_gpu")?;
+        if num_gpu == 0 {
+            continue;
+        }
+        let created: u64 = num(&f[c], file, *line, "creation_time")?;
+        let deleted: u64 = num(&f[d], file, *line, "deletion_time")?;
+        out.push(deleted.saturating_sub(created));
+    }
+    Ok(Some(out))
+}
+
+/// [`parse_lifetimes`] of `openb_pod_list_<workload>.csv` in `dir`.
+pub fn load_lifetimes(dir: &Path, workload: &str) -> Result<Option<Vec<u64>>> {
+    let pf = dir.join(format!("openb_pod_list_{workload}.csv"));
+    let text = std::fs::read_to_string(&pf).with_context(|| format!("reading {}", pf.display()))?;
+    parse_lifetimes(&text, &pf.display().to_string())
+}
+
 /// Loads nodes and the pods of `workload` from `dir`.
 pub fn load(dir: &Path, workload: &str) -> Result<Trace> {
     if workload.is_empty()
@@ -292,6 +324,19 @@ mod tests {
         .unwrap();
         assert_eq!(p[0].num_gpu, 2);
         assert!(p[0].models.is_empty());
+        let life = parse_lifetimes(PODS, "p").unwrap().unwrap();
+        assert_eq!(
+            life,
+            [10769854 - 9437497, 9973826 - 9679175, 9968575 - 9967058]
+        );
+        assert_eq!(
+            parse_lifetimes(
+                "name,cpu_milli,memory_mib,num_gpu,gpu_milli\nx,1,1,2,1000\n",
+                "m"
+            )
+            .unwrap(),
+            None
+        );
     }
 
     #[test]
