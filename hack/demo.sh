@@ -38,7 +38,7 @@ target/release/gpu-defrag report --policy config/samples/demo.yaml
 
 step "Starting the operator (gpu-defrag run)"
 log="$root/.cluster/logs/gpu-defrag-demo.log"
-target/release/gpu-defrag run --metrics-addr 127.0.0.1:0 >"$log" 2>&1 &
+target/release/gpu-defrag run --leader-elect=false --metrics-addr 127.0.0.1:0 >"$log" 2>&1 &
 op=$!
 trap 'kill $op 2>/dev/null || true' EXIT
 

@@ -283,6 +283,11 @@ impl Operator {
                 a
             }
         };
+        // Leader election is on by default; a test that does not ask for it runs its
+        // operator alone (its user may not touch Leases outside the test's namespace).
+        if !extra.iter().any(|a| a.starts_with("--leader-elect")) {
+            cmd.arg("--leader-elect=false");
+        }
         cmd.args(extra)
             .env("KUBECONFIG", &kubeconfig)
             .env("RUST_LOG", "info")

@@ -140,11 +140,16 @@ pub struct NamespaceFilter {
     #[serde(default)]
     #[schemars(length(max = 256))]
     pub include: Vec<String>,
-    /// Never these namespaces (applied after `include`).
-    #[serde(default)]
+    /// Never these namespaces (applied after `include`). Absent: the system namespaces
+    /// `kube-system`, `kube-public` and `kube-node-lease` (unless listed in `include`);
+    /// `[]` excludes none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 256))]
-    pub exclude: Vec<String>,
+    pub exclude: Option<Vec<String>>,
 }
+
+/// Namespaces excluded when `namespaces.exclude` is absent.
+pub const SYSTEM_NAMESPACES: &[&str] = &["kube-system", "kube-public", "kube-node-lease"];
 
 /// Target shapes and demand handling.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
@@ -247,7 +252,8 @@ pub struct Limits {
     #[serde(default = "default_per_run")]
     #[schemars(range(min = 0, max = 100000))]
     pub max_evictions_per_run: i32,
-    /// Evictions from one node per run.
+    /// Evictions from one node per run. Default 8 (an 8-GPU node of 1-GPU pods can be
+    /// emptied).
     #[serde(default = "default_per_node")]
     #[schemars(range(min = 0, max = 1000))]
     pub max_evictions_per_node: i32,
@@ -285,7 +291,7 @@ fn default_per_run() -> i32 {
     10
 }
 fn default_per_node() -> i32 {
-    4
+    8
 }
 fn default_per_ns() -> i32 {
     5
@@ -381,7 +387,9 @@ pub struct Safety {
     #[serde(default = "default_reschedule")]
     #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 32))]
     pub reschedule_timeout: String,
-    /// Stop the run when more GPU pods than this are Pending in the covered namespaces.
+    /// Stop the run when more GPU pods than this, created since the run started, are
+    /// Pending in the policy's scope beyond the replacements in flight: what the run left
+    /// unschedulable (the queue it came to serve does not count). Default 5.
     #[serde(default = "default_max_pending")]
     #[schemars(range(min = 0, max = 100000))]
     pub max_pending_gpu_pods: i32,

@@ -194,11 +194,17 @@ impl Policy {
                 .as_ref()
                 .map(|n| n.include.clone())
                 .unwrap_or_default(),
-            exclude: spec
-                .namespaces
-                .as_ref()
-                .map(|n| n.exclude.clone())
-                .unwrap_or_default(),
+            exclude: match spec.namespaces.as_ref().and_then(|n| n.exclude.clone()) {
+                Some(listed) => listed,
+                None => {
+                    let included = spec.namespaces.as_ref().map(|n| &n.include);
+                    gpu_defrag_api::v1alpha1::SYSTEM_NAMESPACES
+                        .iter()
+                        .filter(|ns| included.is_none_or(|i| !i.iter().any(|x| x == *ns)))
+                        .map(|ns| ns.to_string())
+                        .collect()
+                }
+            },
             pod_selector: spec.pod_selector.as_ref().map(label_selector),
         };
         let mut shapes = Vec::new();
@@ -339,6 +345,28 @@ pub fn normalise(shapes: &mut [TargetShape]) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn system_namespaces_are_excluded_unless_said_otherwise() {
+        let spec =
+            |v: serde_json::Value| -> DefragPolicySpec { serde_json::from_value(v).unwrap() };
+        let default = Policy::from_spec(&spec(serde_json::json!({}))).unwrap();
+        assert!(!default.scope.covers_namespace("kube-system"));
+        assert!(!default.scope.covers_namespace("kube-node-lease"));
+        assert!(default.scope.covers_namespace("ml"));
+        let none =
+            Policy::from_spec(&spec(serde_json::json!({"namespaces": {"exclude": []}}))).unwrap();
+        assert!(none.scope.covers_namespace("kube-system"));
+        let included = Policy::from_spec(&spec(
+            serde_json::json!({"namespaces": {"include": ["kube-system"]}}),
+        ))
+        .unwrap();
+        assert!(
+            included.scope.covers_namespace("kube-system"),
+            "listed in include"
+        );
+        assert!(!included.scope.covers_namespace("ml"));
+    }
+
     use super::*;
 
     #[test]

@@ -72,8 +72,11 @@ pub enum Cmd {
         /// Address of /metrics, /healthz and /readyz.
         #[arg(long, default_value = "127.0.0.1:8080")]
         metrics_addr: std::net::SocketAddr,
-        /// Elect a leader through a Lease (only the leader writes status or evicts).
-        #[arg(long, default_value_t = false)]
+        /// Elect a leader through a Lease (only the leader writes status or evicts). On by
+        /// default, so that a second process (started by hand beside the Deployment) only
+        /// stands by; `--leader-elect=false` only where no other replica can ever run.
+        #[arg(long, default_value_t = true, num_args = 0..=1, require_equals = true,
+              default_missing_value = "true", action = clap::ArgAction::Set)]
         leader_elect: bool,
         /// Namespace of the Lease.
         #[arg(long, env = "POD_NAMESPACE", default_value = "gpu-defrag-system")]
@@ -146,7 +149,15 @@ pub enum Cmd {
     },
 }
 
-pub fn run(cli: Cli) -> anyhow::Result<()> {
+/// Runs a command; `as_plugin`: invoked as `kubectl gpu-defrag`, which only reads (it
+/// refuses `run`: an operator started from a laptop would be a second evictor).
+pub fn run(cli: Cli, as_plugin: bool) -> anyhow::Result<()> {
+    if as_plugin && matches!(cli.cmd, Cmd::Run { .. }) {
+        return Err(input::InputError(
+            "the kubectl plugin only reads: the operator runs as its Deployment (config/default), or as `gpu-defrag run`".into(),
+        )
+        .into());
+    }
     match cli.cmd {
         Cmd::Run {
             metrics_addr,
@@ -360,5 +371,31 @@ fn init_logs(format: LogFormat) {
     match format {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().init(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plugin_refuses_to_run_the_operator_and_leader_election_is_on_by_default() {
+        let cli = Cli::try_parse_from(["gpu-defrag", "run"]).unwrap();
+        let Cmd::Run { leader_elect, .. } = &cli.cmd else {
+            panic!("not run");
+        };
+        assert!(*leader_elect, "on unless turned off");
+        let e = run(cli, true).unwrap_err();
+        assert!(e.downcast_ref::<input::InputError>().is_some(), "{e}");
+        assert!(e.to_string().contains("only reads"), "{e}");
+        for (args, on) in [
+            (&["gpu-defrag", "run", "--leader-elect"][..], true),
+            (&["gpu-defrag", "run", "--leader-elect=false"][..], false),
+        ] {
+            match Cli::try_parse_from(args).unwrap().cmd {
+                Cmd::Run { leader_elect, .. } => assert_eq!(leader_elect, on, "{args:?}"),
+                _ => panic!("not run"),
+            }
+        }
     }
 }

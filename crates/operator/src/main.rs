@@ -9,7 +9,8 @@ use gpu_defrag_operator::{cli, input, plugin};
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    match cli::run(plugin::parse::<cli::Cli>()) {
+    let as_plugin = plugin::is_plugin(std::env::args_os().next().as_ref());
+    match cli::run(plugin::parse::<cli::Cli>(), as_plugin) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             if let Some(input) = e.downcast_ref::<input::InputError>() {

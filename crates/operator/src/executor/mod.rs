@@ -381,7 +381,8 @@ impl Run {
         if Utc::now() >= self.window_end {
             return Some(Stop::WindowClosed);
         }
-        let pending = waits::pending_gpu_pods(&self.ctx.pods, &self.policy);
+        let since = crate::objects::parse_ts(&self.rec.started_at).unwrap_or_else(Utc::now);
+        let pending = waits::pending_gpu_pods(&self.ctx.pods, &self.policy, since);
         (pending > self.policy.max_pending_gpu_pods as usize + self.waits.open.len())
             .then_some(Stop::PendingPileUp(pending))
     }

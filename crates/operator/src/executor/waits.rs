@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use gpu_defrag_api::v1alpha1::{InFlightEviction, RunRecord};
 use gpu_defrag_core::ingest;
 use gpu_defrag_core::policy::Policy;
@@ -119,11 +120,22 @@ fn pods_of_owner(pods: &Store<Pod>, ns: &str, owner: &Workload) -> Vec<Arc<Pod>>
         .collect()
 }
 
-/// GPU pods pending in the policy's scope (the `maxPendingGpuPods` guard).
-pub fn pending_gpu_pods(pods: &Store<Pod>, policy: &Policy) -> usize {
+/// GPU pods pending in the policy's scope that were created since `since` (the
+/// `maxPendingGpuPods` guard: what the run itself left unschedulable, its replacements
+/// and whatever arrived meanwhile, not the queue it came to serve).
+pub fn pending_gpu_pods(pods: &Store<Pod>, policy: &Policy, since: DateTime<Utc>) -> usize {
     let pods = pods.state();
     let objs = ingest::ObjectRefs {
-        pods: pods.iter().map(|p| p.as_ref()).collect(),
+        pods: pods
+            .iter()
+            .filter(|p| {
+                p.metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .is_none_or(|t| t.0.as_second() >= since.timestamp())
+            })
+            .map(|p| p.as_ref())
+            .collect(),
         ..Default::default()
     };
     let c = ingest::build_cluster_from(objs, None);
@@ -337,5 +349,31 @@ mod tests {
             &mut RunRecord::default(),
         );
         assert!(matches!(r, Err(Stop::Stalled(m)) if m.contains("ml/web-1-a")));
+    }
+
+    #[test]
+    fn the_pending_guard_counts_only_pods_created_during_the_run() {
+        let (pods, mut writer) = kube::runtime::reflector::store::<Pod>();
+        let pending = |name: &str, created: &str| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "ml", "uid": name,
+                             "creationTimestamp": created},
+                "spec": {"containers": [{"name": "c", "resources": {
+                    "limits": {"nvidia.com/gpu": "8"}, "requests": {"nvidia.com/gpu": "8"}}}]},
+                "status": {"phase": "Pending"}
+            }))
+            .unwrap()
+        };
+        apply(&mut writer, pending("queued", "2026-12-04T01:00:00Z"));
+        apply(&mut writer, pending("new", "2026-12-04T02:10:00Z"));
+        let start = crate::objects::parse_ts("2026-12-04T02:00:00Z").unwrap();
+        let policy = Policy::default();
+        assert_eq!(
+            pending_gpu_pods(&pods, &policy, start),
+            1,
+            "the queue it came to serve does not count"
+        );
+        let before = crate::objects::parse_ts("2026-12-04T00:00:00Z").unwrap();
+        assert_eq!(pending_gpu_pods(&pods, &policy, before), 2);
     }
 }
