@@ -29,6 +29,11 @@ pub const DURATION_PATTERN: &str = r"^([0-9]+(ms|s|m|h))+$";
         description = "DryRun or Enforce"
     ),
     printcolumn(
+        name = "GPU-Nodes",
+        type_ = "integer",
+        json_path = ".status.fragmentation.nodes"
+    ),
+    printcolumn(
         name = "Fragment",
         type_ = "number",
         json_path = ".status.fragmentation.fragmentRate",
@@ -475,7 +480,8 @@ pub struct Condition {
     pub status: String,
     /// PascalCase reason for the last transition. Every condition: `InvalidSpec`,
     /// `InvalidWindow` while the policy is invalid. `Ready`: `Reconciled`. `InWindow`: `WindowOpen`, `WindowClosed`, `NoWindow`. `Executing`:
-    /// `RunInProgress`, `NotExecuting`. `Degraded`: `PlanPartlyBlocked`, `AsExpected`.
+    /// `RunInProgress`, `NotExecuting`. `Degraded`: `NoGpuNodes`, `PlanPartlyBlocked`,
+    /// `AsExpected`.
     /// `Conflict`: `OverlappingPolicy`, `NoOverlap`. `IdleData`: `NotQueriedYet`,
     /// `Measured`, `NoSeries`, `PrometheusUnreachable`, `PrometheusTimeout`,
     /// `PrometheusError`, `MalformedResponse`, `CredentialsUnreadable`.

@@ -91,6 +91,8 @@ string_enum! {
         NotExecuting,
         /// `Degraded=True`.
         PlanPartlyBlocked,
+        /// `Degraded=True`: the policy covers no node with GPUs, so nothing is measured.
+        NoGpuNodes,
         /// `Degraded=False`.
         AsExpected,
         /// `Conflict=True`.

@@ -110,6 +110,8 @@ pub enum EventReason {
     InvalidWindow,
     /// An API-server outage ended.
     ApiServerUnavailable,
+    /// The policy covers no node with GPUs.
+    NoGpuNodes,
     /// A run started.
     RunStarted,
     /// A run's plan was cut to fit its record.
@@ -135,6 +137,7 @@ impl EventReason {
             EventReason::InvalidSpec => "InvalidSpec",
             EventReason::InvalidWindow => "InvalidWindow",
             EventReason::ApiServerUnavailable => "ApiServerUnavailable",
+            EventReason::NoGpuNodes => "NoGpuNodes",
             EventReason::RunStarted => "RunStarted",
             EventReason::PlanCut => "PlanCut",
             EventReason::Evicted => "Evicted",

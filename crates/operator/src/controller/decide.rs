@@ -23,6 +23,19 @@ use crate::idle::{GPU_UTIL, IdleSource, IdleState, SM_ACTIVE};
 use crate::objects::{parse_ts, ts};
 use crate::status::{self, Want};
 
+/// The `Degraded` message (and event) of a policy that covers no node with GPUs.
+pub const NO_GPU_NODES: &str = "the policy covers no node with GPUs, so nothing is measured or moved: check spec.nodeSelector (a label such as nvidia.com/gpu.present is only set where GPU feature discovery runs) and that the nodes advertise GPUs (allocatable nvidia.com/gpu or a sharing scheme's resources)";
+
+/// Whether this reconcile newly finds the policy covering no GPU node (announced once).
+pub fn newly_without_gpu_nodes(s: &Situation) -> bool {
+    s.report.nodes_counted == 0
+        && !s
+            .old
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Degraded" && c.reason == Reason::NoGpuNodes.as_str())
+}
+
 /// How often every policy is reconciled without any change.
 pub const RESYNC: Duration = Duration::from_secs(30);
 /// How long an invalid policy waits before it is looked at again (unless it changes).
@@ -278,6 +291,7 @@ pub fn conditions(
         )
     });
     let degraded = match check {
+        _ if s.report.nodes_counted == 0 => None,
         Some(c) if c.blocked > 0 || c.failed > 0 => Some(format!(
             "{} of the first planned evictions would be refused (PodDisruptionBudget or error): {}",
             c.blocked + c.failed,
@@ -290,6 +304,12 @@ pub fn conditions(
         _ => None,
     };
     wanted.push(match degraded {
+        _ if s.report.nodes_counted == 0 => Want::of(
+            ConditionType::Degraded,
+            true,
+            Reason::NoGpuNodes,
+            NO_GPU_NODES,
+        ),
         Some(m) => Want::of(ConditionType::Degraded, true, Reason::PlanPartlyBlocked, m),
         None => Want::of(
             ConditionType::Degraded,
@@ -997,5 +1017,48 @@ mod tests {
             why_not_executing(&sit(&none, true, true)),
             "suspended (spec.suspend): plan only"
         );
+    }
+
+    #[test]
+    fn a_policy_over_no_gpu_node_says_so_once() {
+        let empty = Cluster::default();
+        let policy = Policy::default();
+        let report = frag::report(&empty, &policy);
+        let plan = gpu_defrag_core::plan::plan(&empty, &policy, None, &Default::default());
+        let mut old = DefragPolicyStatus::default();
+        let conds = {
+            let s = Situation {
+                now: at("2026-12-04T02:30:00Z"),
+                old: &old,
+                enforce: false,
+                suspended: false,
+                conflict: None,
+                open: None,
+                report: &report,
+                plan: &plan,
+                min_fragment_rate: 0.0,
+            };
+            assert!(newly_without_gpu_nodes(&s));
+            conditions(&s, None, false, "", None, None)
+        };
+        let degraded = conds.iter().find(|w| w.type_ == "Degraded").unwrap();
+        assert_eq!(
+            (degraded.status, degraded.reason.as_str()),
+            (true, "NoGpuNodes")
+        );
+        assert!(degraded.message.contains("spec.nodeSelector"));
+        old.conditions = status::conditions(&[], &conds, None, "2026-12-04T02:30:00Z");
+        let s = Situation {
+            now: at("2026-12-04T02:31:00Z"),
+            old: &old,
+            enforce: false,
+            suspended: false,
+            conflict: None,
+            open: None,
+            report: &report,
+            plan: &plan,
+            min_fragment_rate: 0.0,
+        };
+        assert!(!newly_without_gpu_nodes(&s), "announced once");
     }
 }

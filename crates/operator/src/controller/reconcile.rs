@@ -60,6 +60,11 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
         plan: &obs.plan,
         min_fragment_rate: policy.min_fragment_rate,
     };
+    if decide::newly_without_gpu_nodes(&s) {
+        let note = decide::NO_GPU_NODES.to_string();
+        ctx.event(&dp, EventType::Warning, EventReason::NoGpuNodes, note, None)
+            .await;
+    }
     let running = ctx.run_alive(&dp.name_any()).await;
     let run_note = act(&ctx, &dp, &policy, decide::run_decision(&s, running)).await?;
     let check = check(&ctx, &dp, &obs.plan).await;
