@@ -201,6 +201,52 @@ Read with the figures above (they are regenerated; this section is not).
   fragment-rate limit, per GPU since this version, is about 8 pp of drop at this budget
   (it was a per-node limit of about 18–26 pp before, which said little).
 FINDINGS
+  if [[ $HAVE_TRACE == 1 ]]; then
+    cat <<EOF
+
+## Churn replay over days
+
+Command: \`$REPLAY_CMD\` (medians over the seeds; per-run JSON with \`-o json\`).
+Time: $REPLAY_RUNS runs (workload × seed) of 14 simulated days, all eight planners each:
+$(fmt 0 "$REPLAY_CPU") s of CPU in all, $(awk -v c="$REPLAY_CPU" -v n="$REPLAY_RUNS" 'BEGIN { printf "%.0f", c / n }') s per run ($REPLAY_WALL s wall clock).
+EOF
+    cat <<'REPLAY'
+
+How a replay runs (crates/sim/src/replay.rs):
+- **Cluster**: the trace's 1,213 GPU nodes (6,212 GPUs, 1–8 per node, six models).
+- **Arrivals**: pods drawn uniformly (seeded) from the workload's GPU pod list, Poisson
+  at the rate that offers 90% of GPU capacity on average; each lifetime is drawn from
+  the trace's own `deletion_time − creation_time` of pods of the same shape class
+  (`share`, `1`, `2-4`, `8` GPUs), capped at 168 h (the multigpu lists have no times:
+  they use `default`'s). At t = 0 the cluster holds the stationary population of that
+  process (length-biased lifetimes, uniform residuals); day 1 is warm-up, not measured.
+  Every planner sees the same arrivals.
+- **Scheduler**: a queue in which a pod that does not fit waits without blocking others
+  (FIFO among those that fit); placement by the bin-packing emulation (MostAllocated
+  node on GPU, best-fit device). `fgd-placement`: FGD's scoring instead (the node and
+  GPU whose fragmentation F_n(M) rises least, M the list's shapes covering 95% of its
+  pods), no descheduler.
+- **Windows**: `0 2 * * *` for 3 h; the descheduler runs once per window opening, at its
+  start, with a budget of 5% of the running GPU pods. Evicted pods are replaced at once
+  (same remaining lifetime, back in the queue); scheduling and evictions take no time,
+  so disruption is the replacement's time in the queue. gpu-defrag runs with the
+  default policy and the budget as `maxEvictionsPerRun` (the per-namespace limit lifted
+  to it, the trace having one namespace; `evictSingleReplicas`, each trace task being
+  its own workload); its fences hold while the queue is served right after its
+  evictions. Its default `maxPendingGpuPods: 5` keeps a run from starting while more
+  GPU pods are pending (`runsSkipped` in the JSON); `gpu-defrag-unguarded` lifts it;
+  `gpu-defrag-8gpu` lifts it and adds an 8-GPU target shape of weight 0.1.
+- `oracle`: at each window start every running pod is placed again from scratch
+  (largest first, best fit: the node left with least free GPU; for free), then the
+  queue is served: what a good repacking at
+  window time reaches with this scheduler (a reference, not a bound).
+- **Measures** (days 2–14): time-averaged GPU allocation ratio; queueing delay (arrival
+  → running) per class, pods still queued at the end counting with their wait so far
+  (– : no pod of the class); pods queued at the end; evictions; mean disruption
+  (eviction → replacement running).
+REPLAY
+    cat "$TMP/replay.md"
+  fi
 } >"$OUT"
 
 cat "$OUT"

@@ -197,6 +197,9 @@ enum Cmd {
         /// Output format.
         #[arg(short = 'o', long, value_enum, default_value_t = ReplayOutput::Table)]
         output: ReplayOutput,
+        /// Also write the JSON document to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
     /// Time the planner on a large synthetic cluster built directly as a model.
     Scale {
@@ -306,6 +309,7 @@ fn main() -> anyhow::Result<()> {
             max_pending_gpu_pods,
             planners,
             output,
+            json,
         } => {
             let out = replay::run_all(&replay::Args {
                 dir: trace::resolve_dir(trace.as_deref()),
@@ -326,6 +330,9 @@ fn main() -> anyhow::Result<()> {
                 },
                 planners,
             })?;
+            if let Some(f) = json {
+                std::fs::write(f, serde_json::to_string_pretty(&out)?)?;
+            }
             match output {
                 ReplayOutput::Json => println!("{}", serde_json::to_string_pretty(&out)?),
                 ReplayOutput::Table => print!("{}", replay::table(&out)),

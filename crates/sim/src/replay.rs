@@ -24,8 +24,9 @@
 //!   the queue is served right after its evictions, then are lifted: its replacements
 //!   never land back on what it drained. Scheduling and evictions take no time.
 //! - `oracle`: at each window start every running pod is placed again from scratch,
-//!   largest first, for free (no eviction counted), then the queue is served in order:
-//!   what window-based defragmentation could reach at best with this scheduler.
+//!   largest first on the node it leaves with the least free GPU (best fit decreasing),
+//!   for free (no eviction counted), then the queue is served in order: a reference for
+//!   what window-based defragmentation could reach (a good repacking, not a bound).
 //! - **Measures** after `warmup_days`: time-averaged GPU allocation ratio; queueing
 //!   delay (arrival → running) of the pods arriving after warm-up, per class (pods still
 //!   queued at the end count with their wait so far); pods queued at the end;
@@ -334,6 +335,9 @@ fn frag_of(free: &[u32], shapes: &[TargetShape]) -> f64 {
         })
         .sum()
 }
+
+/// GPU milli, cpu milli, memory bytes.
+type Size = (u64, u64, u64);
 
 #[derive(Debug, Clone)]
 struct PodS {
@@ -776,14 +780,42 @@ impl<'a> Sim<'a> {
         v.into_iter().map(|(_, p)| p).collect()
     }
 
-    /// Oracle: every pod placed again from scratch, largest first, for free.
+    /// Best fit for the oracle's repacking: the node left with the least free GPU milli
+    /// after placement (small nodes fill first, big ones stay whole), ties node order.
+    fn best_fit(&self, pi: usize) -> Option<(usize, u8)> {
+        let t = &self.tpl[self.pods[pi].tpl as usize];
+        let mut best: Option<(u64, usize, u8)> = None;
+        for (n, node) in self.nodes.iter().enumerate() {
+            let free = node.free_total();
+            if free < t.demand || !node_ok(node, t) {
+                continue;
+            }
+            let left = free - t.demand;
+            if best.is_some_and(|(b, _, _)| left >= b) {
+                continue;
+            }
+            if let Some(d) = pick(&node.free[..node.gpus], t.gpus, t.milli) {
+                best = Some((left, n, d));
+            }
+        }
+        best.map(|(_, n, d)| (n, d))
+    }
+
+    /// Oracle: every running pod placed again from scratch (best fit decreasing), for
+    /// free; then the queue in order.
     fn oracle(&mut self, t: f64) {
         let running = self.running();
         let queued = self.queued_pods();
-        let mut all: Vec<(Reverse<u64>, u8, u64, usize)> = Vec::new();
+        // (GPU, cpu, memory: largest first), running first, queue order.
+        let mut all: Vec<(Reverse<Size>, u8, u64, usize)> = Vec::new();
         for &pi in &running {
-            let d = self.tpl[self.pods[pi].tpl as usize].demand;
-            all.push((Reverse(d), 0, self.pods[pi].seq, pi));
+            let tp = &self.tpl[self.pods[pi].tpl as usize];
+            all.push((
+                Reverse((tp.demand, tp.cpu, tp.mem)),
+                0,
+                self.pods[pi].seq,
+                pi,
+            ));
             let p = &mut self.pods[pi];
             p.remaining = (p.end - t).max(1.0);
             self.unbind(pi);
@@ -791,12 +823,23 @@ impl<'a> Sim<'a> {
         // Running pods first (they keep running), largest first; then the queue in order.
         all.sort_unstable();
         for &pi in &queued {
-            all.push((Reverse(0), 1, self.pods[pi].seq, pi));
+            all.push((Reverse((0, 0, 0)), 1, self.pods[pi].seq, pi));
             self.dequeue(pi);
         }
         for (_, was_queued, _, pi) in all {
             let bound_at = self.pods[pi].bound_at;
-            if self.try_place(pi, t, None) {
+            let placed = if was_queued == 0 {
+                match self.best_fit(pi) {
+                    Some((n, d)) => {
+                        self.bind(pi, n, d, t);
+                        true
+                    }
+                    None => false,
+                }
+            } else {
+                self.try_place(pi, t, None)
+            };
+            if placed {
                 if was_queued == 0 {
                     // A running pod moved for free: it keeps its age.
                     self.pods[pi].bound_at = bound_at;
