@@ -42,6 +42,21 @@ else
   HAVE_TRACE=0
 fi
 
+# Churn replay over days (crates/sim/src/replay.rs): every planner on the same arrivals.
+REPLAY_SEEDS=${REPLAY_SEEDS:-11,12,13,14,15}
+REPLAY_WORKLOADS=${REPLAY_WORKLOADS:-default,multigpu30}
+REPLAY_CMD="gpu-defrag-sim replay --trace $TRACE --workload $REPLAY_WORKLOADS --seed $REPLAY_SEEDS --days 14 --load 0.9 --window '0 2 * * *' --window-hours 3 --budget 0.05 -o markdown"
+if [[ $HAVE_TRACE == 1 ]]; then
+  echo "churn replay: $REPLAY_WORKLOADS × seeds $REPLAY_SEEDS, 14 days…" >&2
+  REPLAY_T0=$SECONDS
+  "$BIN" replay --trace "$TRACE" --workload "$REPLAY_WORKLOADS" --seed "$REPLAY_SEEDS" \
+    --days 14 --load 0.9 --window "0 2 * * *" --window-hours 3 --budget 0.05 \
+    -o markdown --json "$TMP/replay.json" >"$TMP/replay.md"
+  REPLAY_WALL=$((SECONDS - REPLAY_T0))
+  REPLAY_CPU=$(jq '[.results[].cpuSeconds] | add' "$TMP/replay.json")
+  REPLAY_RUNS=$(jq '[.results[] | {workload, seed}] | unique | length' "$TMP/replay.json")
+fi
+
 echo "report-bench (10k nodes, 200k pods)…" >&2
 # One repetition: the metric's pending-pod check is slow on this overloaded synthetic
 # cluster (most of its 200k pods are pending); a time limit keeps make bench bounded.
@@ -246,6 +261,31 @@ How a replay runs (crates/sim/src/replay.rs):
   (eviction → replacement running).
 REPLAY
     cat "$TMP/replay.md"
+    cat <<'REPLAYFINDINGS'
+Findings (written by hand from seeds 11–15; the table above is regenerated, this is not):
+- **No planner clearly beats doing nothing here.** Paired with `none` on the same
+  arrivals, every descheduler moves the time-averaged allocation ratio by less than
+  0.1 pp on four seeds of five (−0.3 pp on one); gpu-defrag's p95 wait of 8-GPU pods is
+  within ±2 h of `none` on four `default` seeds (−7 h on one, +34 h on one where every
+  descheduler, HighNodeUtilization included, loses about as much: a chaotic divergence
+  of the queue, not a trend). On `multigpu30` every descheduler leaves the 8-GPU queue
+  exactly as `none` does on four seeds of five. 2-4-GPU pods almost never wait at this
+  load (p95 0 s for every planner), so there is nothing to shorten for them.
+- **Why**: (1) the trace's lifetimes are short (median about 10 minutes), so the cluster
+  re-packs itself by churn within hours and a once-a-day window changes little for
+  long; (2) on `multigpu30` the 8-GPU class is over capacity (pods still queued at the
+  end, mostly 8-GPU): waits are set by the 8-GPU nodes being busy, not by fragments —
+  even the oracle, a free best-fit repacking of every running pod at each window,
+  shortens the p95 8-GPU wait by only 0.3–5 h and raises allocation by ≤ 0.13 pp;
+  (3) gpu-defrag with its default policy skips most windows (`runsSkipped.pending`:
+  4–14 of 14) because more than `maxPendingGpuPods: 5` GPU pods are pending — exactly
+  when 8-GPU pods wait; lifting the guard (`gpu-defrag-unguarded`) lets it run but its
+  units (derived shapes: share and 1-GPU, 95% of pods) free single GPUs, not 8-GPU
+  nodes; adding an 8-GPU shape (`gpu-defrag-8gpu`) did not shorten the 8-GPU wait
+  either within a 5% budget.
+- Replacements are never left waiting long: mean disruption is 0–3 s (evicted pods fit
+  elsewhere at once; scheduling takes no time in the replay).
+REPLAYFINDINGS
   fi
 } >"$OUT"
 
