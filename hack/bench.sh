@@ -262,6 +262,7 @@ How a replay runs (crates/sim/src/replay.rs):
 REPLAY
     cat "$TMP/replay.md"
     cat <<'REPLAYFINDINGS'
+
 Findings (written by hand from seeds 11–15; the table above is regenerated, this is not):
 - **No planner clearly beats doing nothing here.** Paired with `none` on the same
   arrivals, every descheduler moves the time-averaged allocation ratio by less than
