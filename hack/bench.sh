@@ -253,8 +253,9 @@ How a replay runs (crates/sim/src/replay.rs):
   `gpu-defrag-8gpu` lifts it and adds an 8-GPU target shape of weight 0.1.
 - `oracle`: at each window start every running pod is placed again from scratch
   (largest first, best fit: the node left with least free GPU; for free), then the
-  queue is served: what a good repacking at
-  window time reaches with this scheduler (a reference, not a bound).
+  queue is served: what a good repacking at window time reaches with this scheduler
+  (a reference, not a bound); a repacking that cannot place every running pod again
+  is not used.
 - **Measures** (days 2–14): time-averaged GPU allocation ratio; queueing delay (arrival
   → running) per class, pods still queued at the end counting with their wait so far
   (– : no pod of the class); pods queued at the end; evictions; mean disruption
@@ -284,6 +285,27 @@ Findings (written by hand from seeds 11–15; the table above is regenerated, th
   units (derived shapes: share and 1-GPU, 95% of pods) free single GPUs, not 8-GPU
   nodes; adding an 8-GPU shape (`gpu-defrag-8gpu`) did not shorten the 8-GPU wait
   either within a 5% budget.
+- **At a higher load** (`--load 0.95`, `default`, seeds 11–13, measured once by hand,
+  not regenerated) the queue of 8-GPU pods is long and the descheduler matters more:
+
+  | planner | alloc. ratio | evictions | pending at end | p95 wait 2-4 | p95 wait 8 | p99 wait 8 | p50 wait 8 |
+  |---|---:|---:|---:|---:|---:|---:|---:|
+  | none | 0.9480 | 0 | 77 | 4.4m | 13.0h | 19.3h | 6.2h |
+  | high-node-utilization | 0.9523 | 319 | 18 | 23.5m | 8.5h | 15.0h | 58.4m |
+  | fgd-descheduler | 0.9510 | 3534 | 8 | 12.7m | 11.0h | 18.1h | 2.8h |
+  | gpu-defrag | 0.9489 | 171 | 77 | 4.4m | 13.6h | 19.3h | 3.1h |
+  | gpu-defrag-unguarded | 0.9523 | 1265 | 20 | 31.1m | 8.0h | 13.8h | 51.4m |
+  | gpu-defrag-8gpu | 0.9525 | 1124 | 9 | 27.3m | 9.0h | 17.8h | 51.7m |
+  | oracle | 0.9446 | 0 | 77 | 4.4m | 13.6h | 19.9h | 4.2h |
+
+  gpu-defrag with its default guard runs on few windows (it skips 5–14 of 14) and
+  stays at `none`'s level. Unguarded, it shortens the p95 8-GPU wait from 13.0 h to
+  8.0 h (−38%; HighNodeUtilization −35%, fgd-descheduler −15%) at the allocation ratio
+  of HighNodeUtilization (+0.4 pp on `none`), with fewer evictions than fgd-descheduler,
+  but makes 2-4-GPU pods wait longer at p95 (31 min against 4 min with no descheduler,
+  23.5 min with HighNodeUtilization). The oracle's greedy repacking cannot place every
+  running pod again at this load on most windows (then it is not used), so it is no
+  reference here.
 - Replacements are never left waiting long: mean disruption is 0–3 s (evicted pods fit
   elsewhere at once; scheduling takes no time in the replay).
 REPLAYFINDINGS
