@@ -477,10 +477,11 @@ async fn thousand_nodes_six_thousand_pods_first_status_memory_and_requests() {
         reconciles >= 3.0,
         "{reconciles} reconciles in the steady state"
     );
-    assert_eq!(
-        steady.get("list"),
-        None,
-        "the steady state lists nothing: {steady:?}"
+    // The one list the steady state may hold is the fence sweep's list of policy names: it
+    // runs once the caches are full, so it may fall just after the first status.
+    assert!(
+        steady.get("list").copied().unwrap_or(0.0) <= 1.0,
+        "the steady state lists nothing but the fence sweep: {steady:?}"
     );
     assert_eq!(steady.get("watch"), None, "no watch restarts: {steady:?}");
     // The initial lists only: the CRD check, then one paginated list (pages of 500) per
