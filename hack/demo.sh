@@ -56,8 +56,13 @@ before_rate=$(kubectl get dfp demo -o jsonpath='{.status.fragmentation.fragmentR
 step "Switching to Enforce with a maintenance window open now"
 start=$(date +%s)
 kubectl patch dfp demo --type merge -p '{"spec":{"mode":"Enforce","windows":[{"schedule":"* * * * *","duration":"1h","timeZone":"UTC"}]}}'
-kubectl wait dfp/demo --for=jsonpath='{.status.lastRuns[0].result}' --timeout=240s >/dev/null || true
-result=$(kubectl get dfp demo -o jsonpath='{.status.lastRuns[0].result}' 2>/dev/null || true)
+# (not kubectl wait: an array index out of range is an error to it, not "not yet")
+result=""
+for _ in $(seq 240); do
+  result=$(kubectl get dfp demo -o jsonpath='{.status.lastRuns[0].result}' 2>/dev/null || true)
+  [ -n "$result" ] && break
+  sleep 1
+done
 kubectl -n "$ns" wait pod -l app=train-8gpu --for=jsonpath='{.status.phase}'=Running --timeout=60s >/dev/null || true
 elapsed=$(( $(date +%s) - start ))
 
