@@ -90,6 +90,19 @@ async fn nothing_more_and_release(c: &Case, infer: &[String], watch: &PodWatch) 
         .unwrap();
 }
 
+/// Waits until the case's policy object is gone (its finalizer removed).
+async fn policy_gone(c: &Case) {
+    wait_for("the policy to be gone", T, || async {
+        Ok(policies(&c.client)
+            .get_opt(c.name())
+            .await?
+            .is_none()
+            .then_some(()))
+    })
+    .await
+    .unwrap();
+}
+
 /// The last run's result and message once it has finished.
 async fn last_run(c: &Case) -> (String, String) {
     let st = wait_status(
@@ -184,15 +197,7 @@ async fn deleting_the_policy_mid_run_leaves_no_fence_even_with_the_operator_down
     let t = Instant::now();
     let _op2 = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
     let took = fences_gone(&c, t).await;
-    wait_for("the policy to be gone", T, || async {
-        Ok(policies(&c.client)
-            .get_opt(c.name())
-            .await?
-            .is_none()
-            .then_some(()))
-    })
-    .await
-    .unwrap();
+    policy_gone(&c).await;
     nothing_more_and_release(&c, &infer, &watch).await;
     eprintln!(
         "E2E-FIGURE stop: policy deleted mid-run with the operator down → restarted operator removed the fences in {:.1}s and released the policy",
@@ -207,15 +212,7 @@ async fn deleting_the_policy_mid_run_stops_it_at_once() {
     let t = Instant::now();
     delete_policy(&c.client, c.name()).await.unwrap();
     let took = fences_gone(&c, t).await;
-    wait_for("the policy to be gone", T, || async {
-        Ok(policies(&c.client)
-            .get_opt(c.name())
-            .await?
-            .is_none()
-            .then_some(()))
-    })
-    .await
-    .unwrap();
+    policy_gone(&c).await;
     nothing_more_and_release(&c, &infer, &watch).await;
     eprintln!(
         "E2E-FIGURE stop: policy deleted mid-run → fences gone in {:.1}s, policy released",

@@ -683,6 +683,26 @@ mod tests {
         (report, empty, one)
     }
 
+    /// A DryRun situation at 02:30 with no window, no conflict and no trigger; tests
+    /// override what they vary.
+    fn situation<'a>(
+        old: &'a DefragPolicyStatus,
+        report: &'a Report,
+        plan: &'a Plan,
+    ) -> Situation<'a> {
+        Situation {
+            now: at("2026-12-04T02:30:00Z"),
+            old,
+            enforce: false,
+            suspended: false,
+            conflict: None,
+            open: None,
+            report,
+            plan,
+            min_fragment_rate: 0.0,
+        }
+    }
+
     fn span(start: &str, end: &str) -> Span {
         Span {
             start: at(start),
@@ -741,14 +761,10 @@ mod tests {
         let restarted = "the operator restarted outside the run's window (or the policy changed); fences removed";
         let sit = |old, enforce, conflict, open, plan| Situation {
             now,
-            old,
             enforce,
-            suspended: false,
             conflict,
             open,
-            report: &report,
-            plan,
-            min_fragment_rate: 0.0,
+            ..situation(old, &report, plan)
         };
         // A live task: nothing, whatever else holds.
         assert_eq!(
@@ -815,15 +831,11 @@ mod tests {
         let old = DefragPolicyStatus::default();
         let open = Some(span("2026-12-04T02:00:00Z", "2026-12-04T03:00:00Z"));
         let sit = |enforce, conflict, open, plan, trigger| Situation {
-            now: at("2026-12-04T02:30:00Z"),
-            old: &old,
             enforce,
-            suspended: false,
             conflict,
             open,
-            report: &report,
-            plan,
             min_fragment_rate: trigger,
+            ..situation(&old, &report, plan)
         };
         assert_eq!(
             why_not_executing(&sit(false, Some("x"), None, &one, 0.0)),
@@ -867,17 +879,7 @@ mod tests {
     fn a_refused_dry_run_degrades_the_policy() {
         let (report, _, one) = plans();
         let old = DefragPolicyStatus::default();
-        let s = Situation {
-            now: at("2026-12-04T02:30:00Z"),
-            old: &old,
-            enforce: false,
-            suspended: false,
-            conflict: None,
-            open: None,
-            report: &report,
-            plan: &one,
-            min_fragment_rate: 0.0,
-        };
+        let s = situation(&old, &report, &one);
         let check = DryRunCheck {
             allowed: 3,
             blocked: 1,
@@ -912,14 +914,7 @@ mod tests {
         let old = DefragPolicyStatus::default();
         let s = |now| Situation {
             now: at(now),
-            old: &old,
-            enforce: false,
-            suspended: false,
-            conflict: None,
-            open: None,
-            report: &report,
-            plan: &one,
-            min_fragment_rate: 0.0,
+            ..situation(&old, &report, &one)
         };
         let a = status(
             &s("2026-12-04T02:30:00Z"),
@@ -979,15 +974,10 @@ mod tests {
         };
         let none = DefragPolicyStatus::default();
         let sit = |old, enforce, suspended| Situation {
-            now: at("2026-12-04T02:30:00Z"),
-            old,
             enforce,
             suspended,
-            conflict: None,
             open,
-            report: &report,
-            plan: &one,
-            min_fragment_rate: 0.0,
+            ..situation(old, &report, &one)
         };
         assert_eq!(
             run_decision(&sit(&with_run, false, false), true),
@@ -1027,17 +1017,7 @@ mod tests {
         let plan = gpu_defrag_core::plan::plan(&empty, &policy, None, &Default::default());
         let mut old = DefragPolicyStatus::default();
         let conds = {
-            let s = Situation {
-                now: at("2026-12-04T02:30:00Z"),
-                old: &old,
-                enforce: false,
-                suspended: false,
-                conflict: None,
-                open: None,
-                report: &report,
-                plan: &plan,
-                min_fragment_rate: 0.0,
-            };
+            let s = situation(&old, &report, &plan);
             assert!(newly_without_gpu_nodes(&s));
             conditions(&s, None, false, "", None, None)
         };
@@ -1050,14 +1030,7 @@ mod tests {
         old.conditions = status::conditions(&[], &conds, None, "2026-12-04T02:30:00Z");
         let s = Situation {
             now: at("2026-12-04T02:31:00Z"),
-            old: &old,
-            enforce: false,
-            suspended: false,
-            conflict: None,
-            open: None,
-            report: &report,
-            plan: &plan,
-            min_fragment_rate: 0.0,
+            ..situation(&old, &report, &plan)
         };
         assert!(!newly_without_gpu_nodes(&s), "announced once");
     }

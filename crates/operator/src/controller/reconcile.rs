@@ -10,7 +10,6 @@ use gpu_defrag_api::v1alpha1::{DefragPolicy, DefragPolicyStatus, DryRunCheck};
 use gpu_defrag_api::values::RunResult;
 use gpu_defrag_core::plan::Plan;
 use gpu_defrag_core::policy::Policy;
-use gpu_defrag_core::windows::Windows;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -93,8 +92,7 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
         &policy,
         &obs,
         idle.as_ref(),
-        &windows,
-        now,
+        s.open.is_some(),
     );
     ctx.metrics
         .observe_reconcile(started.elapsed().as_secs_f64());
@@ -282,8 +280,7 @@ fn record_metrics(
     policy: &Policy,
     obs: &Observed,
     idle: Option<&IdleView>,
-    windows: &Windows,
-    now: DateTime<Utc>,
+    window_open: bool,
 ) {
     let r = &obs.report;
     ctx.metrics.set_report(
@@ -306,6 +303,6 @@ fn record_metrics(
     );
     ctx.metrics
         .set_plan(name, obs.plan.moves.len() as u64, &obs.plan.skipped);
-    ctx.metrics.set_window(name, windows.open_at(now).is_some());
+    ctx.metrics.set_window(name, window_open);
     ctx.metrics.set_gpus(&obs.cluster.nodes);
 }
