@@ -387,6 +387,21 @@ pub struct Safety {
         )
     )]
     pub movable_owner_kinds: Vec<String>,
+    /// Schedulers (`spec.schedulerName`) that bin-pack GPUs the way gpu-defrag's planner
+    /// emulates (NodeResourcesFit MostAllocated on the GPU resources, as the `gpu-binpack`
+    /// scheduler of `config/scheduler` does). A pod placed by any other scheduler is never
+    /// moved (skip `scheduler-not-binpacking`): where its replacement would land cannot be
+    /// predicted, and a spreading scheduler would put it on an empty node. Add
+    /// `default-scheduler` only when the default profile itself was set to bin-pack GPUs.
+    #[serde(default = "default_binpack_schedulers")]
+    #[schemars(
+        length(max = 16),
+        inner(
+            regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"),
+            length(max = 253)
+        )
+    )]
+    pub binpack_schedulers: Vec<String>,
     /// How long to wait for an evicted pod's replacement to be Ready before the run stops
     /// as stalled.
     #[serde(default = "default_reschedule")]
@@ -411,10 +426,18 @@ impl Default for Safety {
             evict_ephemeral_volume_pods: false,
             evict_single_replicas: false,
             movable_owner_kinds: Vec::new(),
+            binpack_schedulers: default_binpack_schedulers(),
             reschedule_timeout: default_reschedule(),
             max_pending_gpu_pods: default_max_pending(),
         }
     }
+}
+
+/// The scheduler name of `config/scheduler` (the `gpu-binpack` second scheduler).
+pub const BINPACK_SCHEDULER: &str = "gpu-binpack";
+
+fn default_binpack_schedulers() -> Vec<String> {
+    vec![BINPACK_SCHEDULER.to_string()]
 }
 
 fn default_min_age() -> String {

@@ -29,6 +29,10 @@ pub use crate::adapters::{
     VOLCANO_GPU_NUMBER, VOLCANO_NODE_REGISTER, VOLCANO_VGPU_IDS, hami_pod_gpus,
 };
 
+/// The scheduler a pod without `spec.schedulerName` gets (the API server's default).
+pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
+/// The bin-packing second scheduler of `config/scheduler`.
+pub use gpu_defrag_api::v1alpha1::BINPACK_SCHEDULER;
 /// Kubernetes' ReplicaSet scale-down cost; gpu-defrag reads it as a move cost.
 pub const POD_DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 /// Cluster Autoscaler's opt-out (`"false"`: never evicted).
@@ -328,6 +332,10 @@ fn base_pod(p: &corev1::Pod, nodes: &[Node]) -> (Pod, Requests) {
         ready,
         deleting: meta.deletion_timestamp.is_some(),
         mirror: annotations.contains_key("kubernetes.io/config.mirror"),
+        scheduler: spec
+            .scheduler_name
+            .clone()
+            .unwrap_or_else(|| DEFAULT_SCHEDULER.to_string()),
         local_storage,
         pvc: volumes().any(|v| v.persistent_volume_claim.is_some()),
         ephemeral_volume: volumes().any(|v| v.ephemeral.is_some()),

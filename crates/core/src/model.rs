@@ -426,6 +426,9 @@ pub struct Pod {
     pub deleting: bool,
     /// Mirror/static pod.
     pub mirror: bool,
+    /// `spec.schedulerName` (`default-scheduler` when the input has none, as the API
+    /// server defaults it).
+    pub scheduler: String,
     /// Uses a disk-backed emptyDir or a hostPath volume (a memory-backed emptyDir such as
     /// `/dev/shm` is not local storage: nothing in it outlives the container anyway).
     pub local_storage: bool,

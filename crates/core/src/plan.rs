@@ -35,6 +35,9 @@ pub enum Skip {
     NotRunning,
     /// Mirror or static pod.
     MirrorPod,
+    /// Placed by a scheduler not listed in `safety.binpackSchedulers`: where its
+    /// replacement would land cannot be predicted.
+    SchedulerNotBinpacking,
     /// No controller would recreate it.
     NoController,
     /// Owned by a DaemonSet.
@@ -98,6 +101,7 @@ impl Skip {
             Skip::Terminating => "terminating",
             Skip::NotRunning => "not-running",
             Skip::MirrorPod => "mirror-pod",
+            Skip::SchedulerNotBinpacking => "scheduler-not-binpacking",
             Skip::NoController => "no-controller",
             Skip::DaemonSet => "daemonset",
             Skip::JobPod => "job-pod",
@@ -147,6 +151,7 @@ impl Skip {
         Skip::Pvc,
         Skip::EphemeralVolume,
         Skip::ResourceClaim,
+        Skip::SchedulerNotBinpacking,
         Skip::ProtectedClass,
         Skip::Priority,
         Skip::OptOut,
@@ -510,6 +515,9 @@ pub fn movable(
     }
     if pod.resource_claims {
         return Err(Skip::ResourceClaim);
+    }
+    if !policy.binpack_schedulers.contains(&pod.scheduler) {
+        return Err(Skip::SchedulerNotBinpacking);
     }
     if let Some(pc) = &pod.priority_class
         && policy.protected_classes.contains(pc)

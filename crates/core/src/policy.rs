@@ -119,6 +119,8 @@ pub struct Policy {
     pub evict_single_replicas: bool,
     /// Extra movable controllers, `group/Kind`.
     pub movable_owner_kinds: Vec<String>,
+    /// Schedulers whose placement the planner emulates; pods of any other stay put.
+    pub binpack_schedulers: Vec<String>,
     /// Nodes younger than this receive no planned pod.
     pub min_node_age: Duration,
     /// Replacement timeout.
@@ -305,6 +307,7 @@ impl Policy {
             evict_ephemeral_volume_pods: s.evict_ephemeral_volume_pods,
             evict_single_replicas: s.evict_single_replicas,
             movable_owner_kinds: movable_owner_kinds(&s.movable_owner_kinds)?,
+            binpack_schedulers: s.binpack_schedulers.clone(),
             min_node_age: parse_duration(&s.min_node_age)
                 .map_err(|m| err("spec.safety.minNodeAge", m))?,
             reschedule_timeout: parse_duration(&s.reschedule_timeout)

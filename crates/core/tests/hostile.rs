@@ -411,7 +411,8 @@ fn pod_obj(
     }
     serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "Pod", "metadata": meta,
-        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {
+        "spec": {"nodeName": node, "schedulerName": "gpu-binpack",
+            "containers": [{"name": "c", "resources": {
             "limits": {"nvidia.com/gpu": gpus}, "requests": {"cpu": "1", "memory": "1Gi"}}}]},
         "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
     }))

@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use gpu_defrag_core::frag::{self, Capacity};
+use gpu_defrag_core::ingest::BINPACK_SCHEDULER;
 use gpu_defrag_core::model::*;
 use gpu_defrag_core::plan::{History, Plan, UnitKind, apply, plan, plan_with_activity};
 use gpu_defrag_core::policy::{Policy, TargetShape};
@@ -78,6 +79,7 @@ fn pod(ns: &str, name: &str, owner: &str) -> Pod {
         affinity: vec![],
         tolerations: vec![],
         models: vec![],
+        scheduler: BINPACK_SCHEDULER.into(),
         ..Default::default()
     }
 }

@@ -72,7 +72,8 @@ impl PodJson {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"namespace": ns, "name": name, "uid": format!("uid-{ns}-{name}"),
                 "creationTimestamp": ago(HOUR), "labels": {}, "annotations": {}},
-            "spec": {"containers": [{"name": "main", "image": "registry.example/app:1",
+            "spec": {"schedulerName": "gpu-binpack",
+                "containers": [{"name": "main", "image": "registry.example/app:1",
                 "resources": {"limits": limits, "requests": {"cpu": "4", "memory": "16Gi"}}}]},
             "status": {"phase": "Running", "startTime": ago(HOUR),
                 "conditions": [{"type": "Ready", "status": "True"}]}
@@ -125,6 +126,18 @@ impl PodJson {
     }
     fn started(mut self, minutes_ago: i64) -> Self {
         self.0["status"]["startTime"] = json!(ago(minutes_ago));
+        self
+    }
+    /// `spec.schedulerName`; `None` leaves the field out (the API server's default).
+    fn scheduler(mut self, name: Option<&str>) -> Self {
+        match name {
+            Some(n) => self.0["spec"]["schedulerName"] = json!(n),
+            None => {
+                if let Some(spec) = self.0["spec"].as_object_mut() {
+                    spec.remove("schedulerName");
+                }
+            }
+        }
         self
     }
     fn created(mut self, minutes_ago: i64) -> Self {
@@ -973,6 +986,34 @@ fn pod_age_counts_from_start_time_not_creation() {
     assert_moved(&p, "ml/web-a");
 }
 
+// ---- 9b. Only pods of a bin-packing scheduler move --------------------------------------------
+
+#[test]
+fn pods_of_a_scheduler_not_listed_as_binpacking_stay_put() {
+    let sched_world = |name: Option<&str>| {
+        let mut w = World::new();
+        let web = w.deployment_pod("ml", "web", "web-a", 1).scheduler(name);
+        w.pair_with_twin("web", web);
+        w.build()
+    };
+    let policy = eight_gpu_policy();
+    // The default scheduler spreads: its replacement would land on an empty node.
+    for name in [None, Some("default-scheduler"), Some("volcano")] {
+        let p = run(&sched_world(name), &policy);
+        assert_skipped(&p, "ml/web-a", "scheduler-not-binpacking");
+    }
+    // Control: the gpu-binpack scheduler of config/scheduler.
+    let p = run(&sched_world(Some("gpu-binpack")), &policy);
+    assert_moved(&p, "ml/web-a");
+    // Listing the default scheduler (its default profile set to bin-pack) opens it.
+    let listed = Policy {
+        binpack_schedulers: vec!["default-scheduler".into()],
+        ..eight_gpu_policy()
+    };
+    let p = run(&sched_world(None), &listed);
+    assert_moved(&p, "ml/web-a");
+}
+
 // ---- 10. Skip codes --------------------------------------------------------------------------
 
 /// Fails to compile when a `Skip` is added, so that [`Skip::ALL`] is checked again.
@@ -995,6 +1036,7 @@ fn variant_count(s: Skip) -> usize {
         | Skip::MultiplePdbs
         | Skip::PdbExhausted
         | Skip::KaiReservation
+        | Skip::SchedulerNotBinpacking
         | Skip::AlreadyMoved
         | Skip::NotReady
         | Skip::CustomController
@@ -1007,7 +1049,7 @@ fn variant_count(s: Skip) -> usize {
         | Skip::ResourceClaim
         | Skip::PdbStale
         | Skip::WorkloadUnavailable
-        | Skip::LastReadyReplica => 30,
+        | Skip::LastReadyReplica => 31,
     }
 }
 

@@ -5,6 +5,7 @@
 //! spreading scheduler; those that fit nowhere stay pending.
 use std::collections::BTreeMap;
 
+use gpu_defrag_core::ingest::BINPACK_SCHEDULER;
 use gpu_defrag_core::model::*;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -170,6 +171,7 @@ pub fn build(p: &ScaleParams) -> Cluster {
             affinity: vec![],
             tolerations: vec![],
             models: vec![],
+            scheduler: BINPACK_SCHEDULER.into(),
             ..Default::default()
         });
     }

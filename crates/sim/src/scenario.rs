@@ -14,6 +14,7 @@
 //! have CPU to spare at these loads and the metric ignores them).
 use std::collections::BTreeMap;
 
+use gpu_defrag_core::ingest::BINPACK_SCHEDULER;
 use gpu_defrag_core::model::*;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -178,6 +179,7 @@ pub fn pod_of(t: &TracePod, name: String, node: Option<(usize, &str)>, devs: &[u
         affinity: vec![],
         tolerations: vec![],
         models: t.models.clone(),
+        scheduler: BINPACK_SCHEDULER.into(),
         ..Default::default()
     }
 }

@@ -6,7 +6,9 @@
 //! fragments a defragmenter has to clean up.
 use std::collections::BTreeMap;
 
-use gpu_defrag_core::ingest::{HAMI_NODE_REGISTER, HAMI_POD_ALLOCATED, NVIDIA_GPU, Objects};
+use gpu_defrag_core::ingest::{
+    BINPACK_SCHEDULER, HAMI_NODE_REGISTER, HAMI_POD_ALLOCATED, NVIDIA_GPU, Objects,
+};
 use k8s_openapi::api::core::v1::{
     Container, Node, NodeCondition, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus,
     ResourceRequirements,
@@ -133,6 +135,7 @@ fn pod_obj(
         },
         spec: Some(PodSpec {
             node_name: node.map(str::to_string),
+            scheduler_name: Some(BINPACK_SCHEDULER.into()),
             containers: vec![Container {
                 name: "main".into(),
                 resources: Some(ResourceRequirements {
