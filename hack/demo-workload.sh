@@ -23,6 +23,7 @@ spec:
   template:
     metadata: {labels: {app: infer-$i, demo: fragmented}}
     spec:
+      schedulerName: gpu-binpack
       containers:
       - name: main
         image: registry.invalid/infer:1
@@ -55,6 +56,7 @@ spec:
   template:
     metadata: {labels: {app: train-8gpu}}
     spec:
+      schedulerName: gpu-binpack
       containers:
       - name: main
         image: registry.invalid/train:1

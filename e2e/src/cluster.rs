@@ -1,15 +1,17 @@
-//! [`TestCluster`]: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok
-//! on free loopback ports, with their own PKI, in one work dir.
+//! [`TestCluster`]: etcd, kube-apiserver, kube-controller-manager, two kube-schedulers (the
+//! stock default scheduler, and `gpu-binpack` with `config/scheduler/gpu-binpack.yaml`) and
+//! kwok on free loopback ports, with their own PKI, in one work dir. GPU pods opt in to
+//! `gpu-binpack` by `spec.schedulerName` ([`crate::fixtures::GPU_SCHEDULER`]).
 //!
 //! ```text
 //! work dir/
-//!   pki/{ca,admin}.{crt,key}   kubeconfig          scheduler.yaml   stages.yaml (copy)
+//!   pki/{ca,admin}.{crt,key}   kubeconfig          gpu-binpack.yaml stages.yaml (copy)
 //!   logs/<component>.log       etcd/ (data)        apiserver/ (cert dir)
 //!   users/<user>.{crt,key,kubeconfig}              keep (present = not removed at exit)
 //! ```
 //!
 //! Start order: etcd → kube-apiserver (`/readyz`, namespace `default`) → CRDs (Established)
-//! → kube-controller-manager, kube-scheduler, kwok (`/healthz`) → GPU nodes (Ready).
+//! → kube-controller-manager, kube-schedulers, kwok (`/healthz`) → GPU nodes (Ready).
 
 use std::{
     collections::BTreeMap,
@@ -52,6 +54,8 @@ pub use crate::fixtures::GPU_RESOURCE;
 pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
 /// Label on namespaces created by [`TestCluster::namespace`].
 pub const TEST_NAMESPACE_LABEL: &str = "e2e.gpu-defrag.io/test";
+/// Process (and log) name of the `gpu-binpack` scheduler; the binary is kube-scheduler.
+pub const BINPACK_COMPONENT: &str = "gpu-binpack";
 /// Default GPU model of the nodes.
 pub const DEFAULT_GPU_MODEL: &str = "NVIDIA-A100-SXM4-80GB";
 
@@ -97,8 +101,11 @@ pub struct ClusterOptions {
     pub bin_dir: Option<PathBuf>,
     /// Every `*.yaml` in it is applied (CRDs); `None` skips.
     pub crds_dir: Option<PathBuf>,
-    /// KubeSchedulerConfiguration; `clientConnection.kubeconfig` is filled in.
-    pub scheduler_config: PathBuf,
+    /// The `gpu-binpack` second scheduler's KubeSchedulerConfiguration
+    /// (`config/scheduler/gpu-binpack.yaml`), run beside the stock default scheduler with
+    /// `clientConnection.kubeconfig` filled in and leader election off; `None` runs the
+    /// default scheduler alone (the install test runs gpu-binpack as its Deployment would).
+    pub binpack_scheduler: Option<PathBuf>,
     /// GPU nodes to create at start.
     pub nodes: usize,
     /// GPUs per node.
@@ -125,7 +132,7 @@ impl Default for ClusterOptions {
             work_dir: None,
             bin_dir: None,
             crds_dir: Some(root.join("crds")),
-            scheduler_config: root.join("config/scheduler/binpack.yaml"),
+            binpack_scheduler: Some(root.join("config/scheduler/gpu-binpack.yaml")),
             nodes: 8,
             gpus_per_node: 8,
             gpu_model: DEFAULT_GPU_MODEL.to_string(),
@@ -342,7 +349,7 @@ async fn healthz_ok(port: u16) -> bool {
 }
 
 /// GET `path` on a component's secure port, without verifying its self-signed certificate.
-async fn insecure_get(port: u16, path: &str) -> Result<String> {
+pub async fn insecure_get(port: u16, path: &str) -> Result<String> {
     let url = format!("https://127.0.0.1:{port}")
         .parse()
         .context("component url")?;
@@ -428,15 +435,23 @@ impl TestCluster {
         if let Some(dir) = &opts.crds_dir {
             self.apply_crds(dir).await?;
         }
-        let sched_cfg = self.write_scheduler_config(&opts.scheduler_config)?;
-        // The three clients start in parallel; their health is checked afterwards.
+        let binpack_cfg = match &opts.binpack_scheduler {
+            Some(template) => Some(self.write_scheduler_config(template)?),
+            None => None,
+        };
+        // The clients start in parallel; their health is checked afterwards.
         let kcm_port = free_port()?;
         let kcm = self.spawn("kube-controller-manager", self.kcm_args(kcm_port))?;
         let sched_port = free_port()?;
-        let sched = self.spawn(
-            "kube-scheduler",
-            Self::scheduler_args(sched_port, &sched_cfg),
-        )?;
+        let sched = self.spawn("kube-scheduler", self.scheduler_args(sched_port, None))?;
+        let binpack = match &binpack_cfg {
+            Some(cfg) => {
+                let port = free_port()?;
+                let c = self.spawn(BINPACK_COMPONENT, self.scheduler_args(port, Some(cfg)))?;
+                Some((c, port, cfg))
+            }
+            None => None,
+        };
         let kwok = self.spawn_kwok()?;
         self.push(kwok)?;
         let kcm = self
@@ -451,10 +466,18 @@ impl TestCluster {
         self.push(kcm)?;
         let sched = self
             .settle("kube-scheduler", sched, sched_port, opts.timeout, |p| {
-                Self::scheduler_args(p, &sched_cfg)
+                self.scheduler_args(p, None)
             })
             .await?;
         self.push(sched)?;
+        if let Some((c, port, cfg)) = binpack {
+            let c = self
+                .settle(BINPACK_COMPONENT, c, port, opts.timeout, |p| {
+                    self.scheduler_args(p, Some(cfg))
+                })
+                .await?;
+            self.push(c)?;
+        }
         if opts.nodes > 0 {
             let nodes = GpuNodes::new(opts.nodes, opts.gpus_per_node).model(opts.gpu_model.clone());
             self.add_nodes(&nodes).await?;
@@ -471,7 +494,13 @@ impl TestCluster {
     }
 
     fn bin(&self, name: &str) -> PathBuf {
-        self.bin_dir.join(name)
+        // The second scheduler is the same binary as the first.
+        let bin = if name == BINPACK_COMPONENT {
+            "kube-scheduler"
+        } else {
+            name
+        };
+        self.bin_dir.join(bin)
     }
 
     fn log(&self, name: &str) -> PathBuf {
@@ -777,17 +806,20 @@ impl TestCluster {
         let obj = doc
             .as_object_mut()
             .ok_or_else(|| anyhow!("{} is not a mapping", template.display()))?;
-        let conn = obj.entry("clientConnection").or_insert_with(|| json!({}));
-        match conn.as_object_mut() {
-            Some(conn) => {
-                conn.insert("kubeconfig".into(), json!(self.kubeconfig));
+        for (section, key, value) in [
+            ("clientConnection", "kubeconfig", json!(self.kubeconfig)),
+            // One replica here; the file's Lease namespace need not exist.
+            ("leaderElection", "leaderElect", json!(false)),
+        ] {
+            let entry = obj.entry(section).or_insert_with(|| json!({}));
+            match entry.as_object_mut() {
+                Some(entry) => {
+                    entry.insert(key.into(), value);
+                }
+                None => bail!("{section} in {} is not a mapping", template.display()),
             }
-            None => bail!(
-                "clientConnection in {} is not a mapping",
-                template.display()
-            ),
         }
-        let out = self.work_dir.join("scheduler.yaml");
+        let out = self.work_dir.join("gpu-binpack.yaml");
         fs::write(
             &out,
             serde_norway::to_string(&doc).context("serializing the scheduler config")?,
@@ -818,8 +850,18 @@ impl TestCluster {
         args
     }
 
-    fn scheduler_args(port: u16, config: &Path) -> Vec<String> {
-        let mut args = vec![format!("--config={}", config.display())];
+    /// The stock default scheduler (`config: None`, upstream's default profile, as a
+    /// cluster has it), or a scheduler run with a configuration file.
+    fn scheduler_args(&self, port: u16, config: Option<&Path>) -> Vec<String> {
+        let mut args = match config {
+            Some(config) => vec![format!("--config={}", config.display())],
+            None => vec![
+                format!("--kubeconfig={}", self.kubeconfig.display()),
+                "--leader-elect=false".into(),
+                "--kube-api-qps=100".into(),
+                "--kube-api-burst=200".into(),
+            ],
+        };
         args.extend(Self::secure_serving_args(port));
         args
     }

@@ -13,6 +13,9 @@ use serde_json::json;
 
 /// Extended resource name of NVIDIA GPUs.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// The scheduler GPU pods opt in to: the `gpu-binpack` second scheduler the test control
+/// plane runs (config/scheduler); other pods keep the stock default scheduler.
+pub const GPU_SCHEDULER: &str = gpu_defrag_api::v1alpha1::BINPACK_SCHEDULER;
 /// Image of the fake workloads; kwok never pulls it.
 pub const FAKE_IMAGE: &str = "registry.invalid/gpu-defrag/fake-gpu-workload:latest";
 
@@ -76,6 +79,7 @@ pub fn gpu_deployment(name: &str, replicas: i32, gpus: u32) -> Result<Deployment
             "template": {
                 "metadata": {"labels": {"app": name}},
                 "spec": {
+                    "schedulerName": GPU_SCHEDULER,
                     "terminationGracePeriodSeconds": 0,
                     "containers": [{
                         "name": "main",

@@ -4,7 +4,7 @@
 //! e2e/cluster/build.sh ──> ~/.cache/gpu-defrag/cluster-<versions>/bin/{etcd, kube-apiserver,
 //!                          kube-controller-manager, kube-scheduler, kubectl, kwok}
 //!
-//! TestCluster::start ──> etcd ─> kube-apiserver ─> CRDs ─> KCM + scheduler + kwok ─> GPU nodes
+//! TestCluster::start ──> etcd ─> kube-apiserver ─> CRDs ─> KCM + schedulers + kwok ─> GPU nodes
 //!                        (free loopback ports, own PKI, logs in <work dir>/logs)
 //! ```
 //!
@@ -26,12 +26,14 @@
 //! Modules, bottom-up (each imports only modules above it in this list, never one that
 //! imports it back): `process`, `pki`, `fixtures` (building blocks: workloads, polling) →
 //! `cluster` (the control plane) → `shared` (one stack per test binary), `operator` (the
-//! operator as a process) → `case` (a test case: namespace, policy, operator).
+//! operator as a process), `inpod` (a process run as its pod would: in-cluster
+//! configuration only) → `case` (a test case: namespace, policy, operator).
 #![forbid(unsafe_code)]
 
 pub mod case;
 pub mod cluster;
 pub mod fixtures;
+pub mod inpod;
 pub mod operator;
 pub mod pki;
 pub mod process;

@@ -877,6 +877,7 @@ fn recorded_deployment(
                     "annotations": {annotation.0: annotation.1},
                 },
                 "spec": {
+                    "schedulerName": gpu_defrag_e2e::fixtures::GPU_SCHEDULER,
                     "terminationGracePeriodSeconds": 0,
                     "nodeSelector": {"kubernetes.io/hostname": node},
                     "containers": [{"name": "main", "image": FAKE_IMAGE,

@@ -209,6 +209,7 @@ fn pod(name: &str, rs: &ReplicaSet, node: &str, s: &Shape) -> Pod {
         },
         "spec": {
             "nodeName": node,
+            "schedulerName": gpu_defrag_e2e::fixtures::GPU_SCHEDULER,
             "terminationGracePeriodSeconds": 0,
             "containers": [{
                 "name": "main",

@@ -24,7 +24,7 @@ use kube::{Api, Client, Config, api::ListParams, config::KubeConfigOptions, conf
 const USAGE: &str =
     "usage: gpu-defrag-cluster <up|down|status> [--dir DIR] [--nodes N] [--gpus N] [--model MODEL]
 
-  up      start etcd, kube-apiserver, kube-controller-manager, kube-scheduler (GPU bin-packing)
+  up      start etcd, kube-apiserver, kube-controller-manager, kube-scheduler and gpu-binpack
           and kwok with N fake GPU nodes; harmless if the cluster already runs
   down    stop the processes recorded in DIR/pids
   status  show whether the cluster runs, and its nodes
