@@ -41,7 +41,7 @@ fn docs(path: &Path) -> Vec<Value> {
 /// All documents of the directories that hold Kubernetes objects or kustomizations.
 fn objects() -> Vec<(PathBuf, Value)> {
     let mut files = Vec::new();
-    for dir in ["crd", "default", "manager", "rbac", "samples"] {
+    for dir in ["crd", "default", "manager", "rbac", "samples", "scheduler"] {
         yaml_files(&repo().join("config").join(dir), &mut files);
     }
     let mut out = Vec::new();
@@ -596,4 +596,65 @@ fn metrics_service_and_monitors_select_the_operator_pods() {
     );
     let k = &docs(&dir.join("podmonitor/kustomization.yaml"))[0];
     assert_eq!(strs(&k["resources"]), ["podmonitor.yaml"]);
+}
+
+/// The gpu-binpack scheduler of config/scheduler: one profile, named as the policies'
+/// default `safety.binpackSchedulers`, scoring MostAllocated on GPUs, with a Lease of its
+/// own (never the default scheduler's kube-system/kube-scheduler), and a Deployment that
+/// mounts this very file.
+#[test]
+fn gpu_binpack_scheduler_is_its_own_scheduler() {
+    let cfg = &docs(&repo().join("config/scheduler/gpu-binpack.yaml"))[0];
+    assert_eq!(cfg["kind"], "KubeSchedulerConfiguration");
+    let profiles = cfg["profiles"].as_array().unwrap();
+    assert_eq!(
+        profiles.len(),
+        1,
+        "one profile: only pods that opt in are affected"
+    );
+    assert_eq!(
+        profiles[0]["schedulerName"],
+        gpu_defrag_api::v1alpha1::BINPACK_SCHEDULER
+    );
+    let fit = profiles[0]["pluginConfig"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "NodeResourcesFit")
+        .unwrap();
+    assert_eq!(fit["args"]["scoringStrategy"]["type"], "MostAllocated");
+    assert!(
+        strs(
+            &fit["args"]["scoringStrategy"]["resources"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["name"].clone())
+                .collect::<Value>()
+        )
+        .contains(&"nvidia.com/gpu".to_string())
+    );
+    let le = &cfg["leaderElection"];
+    assert_eq!(le["leaderElect"], true);
+    assert_eq!(le["resourceName"], "gpu-binpack");
+    assert_eq!(le["resourceNamespace"], NAMESPACE);
+    let k = &docs(&repo().join("config/scheduler/kustomization.yaml"))[0];
+    let gen_ = &k["configMapGenerator"][0];
+    assert_eq!(gen_["files"][0], "config.yaml=gpu-binpack.yaml");
+    let objs = objects();
+    let d = find(&objs, "Deployment", "gpu-binpack");
+    let spec = &d["spec"]["template"]["spec"];
+    assert_eq!(spec["volumes"][0]["configMap"]["name"], gen_["name"]);
+    let cmd = strs(&spec["containers"][0]["command"]);
+    assert!(
+        cmd.contains(&format!(
+            "--config={}/config.yaml",
+            spec["containers"][0]["volumeMounts"][0]["mountPath"]
+                .as_str()
+                .unwrap()
+        )),
+        "{cmd:?}"
+    );
+    // The scheduler's own pods are placed by the default scheduler.
+    assert!(spec["schedulerName"].is_null());
 }
