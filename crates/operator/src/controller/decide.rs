@@ -12,7 +12,7 @@ use gpu_defrag_api::v1alpha1::{
 use gpu_defrag_api::values::{ConditionType, Reason, RunResult};
 use gpu_defrag_core::frag::{self, IdleAllocated, Report};
 use gpu_defrag_core::model::Cluster;
-use gpu_defrag_core::plan::Plan;
+use gpu_defrag_core::plan::{Plan, Skip};
 use gpu_defrag_core::policy::Policy;
 use gpu_defrag_core::windows::{Span, Windows};
 use kube::ResourceExt;
@@ -225,7 +225,21 @@ pub fn why_not_executing(s: &Situation) -> String {
             s.report.fragment_rate, s.min_fragment_rate
         )
     } else if s.plan.moves.is_empty() {
-        "no move would reduce fragmentation within the limits".to_string()
+        let other_scheduler = s
+            .plan
+            .skipped
+            .get(Skip::SchedulerNotBinpacking.code())
+            .copied()
+            .unwrap_or(0);
+        if other_scheduler > 0 {
+            format!(
+                "no move would reduce fragmentation within the limits; {other_scheduler} GPU \
+                 pods stay put because a scheduler not listed in safety.binpackSchedulers \
+                 placed them (skip scheduler-not-binpacking; docs/scheduler.md)"
+            )
+        } else {
+            "no move would reduce fragmentation within the limits".to_string()
+        }
     } else {
         "this window's run has finished".to_string()
     }
@@ -856,6 +870,16 @@ mod tests {
         assert_eq!(
             why_not_executing(&sit(true, None, open, &empty, 0.0)),
             "no move would reduce fragmentation within the limits"
+        );
+        // Pods of a scheduler the planner cannot predict: the message says so.
+        let mut others = empty.clone();
+        others
+            .skipped
+            .insert(Skip::SchedulerNotBinpacking.code().to_string(), 7);
+        let why = why_not_executing(&sit(true, None, open, &others, 0.0));
+        assert!(
+            why.contains("7 GPU pods stay put") && why.contains("safety.binpackSchedulers"),
+            "{why}"
         );
         let s = sit(true, None, open, &one, 0.0);
         let conds = conditions(&s, None, false, "run started", None, None);
