@@ -1005,9 +1005,11 @@ fn variant_count(s: Skip) -> usize {
         | Skip::Pvc
         | Skip::EphemeralVolume
         | Skip::ResourceClaim
+        | Skip::NamedClaim
+        | Skip::SharedClaim
         | Skip::PdbStale
         | Skip::WorkloadUnavailable
-        | Skip::LastReadyReplica => 30,
+        | Skip::LastReadyReplica => 32,
     }
 }
 

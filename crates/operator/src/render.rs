@@ -19,6 +19,17 @@ fn cell(used: u32) -> char {
     }
 }
 
+/// Shade of a GPU carved into MIG partitions (DRA partitionable devices), by its used
+/// milli: a quarter, a half, three quarters, full.
+fn mig_cell(used: u32) -> char {
+    match used {
+        0..=250 => '◔',
+        251..=600 => '◑',
+        601..=999 => '◕',
+        _ => '●',
+    }
+}
+
 fn pct(rate: f64) -> String {
     format!("{:.1}%", rate * 100.0)
 }
@@ -92,7 +103,17 @@ pub fn summary(r: &Report) -> String {
 }
 
 fn row_picture(n: &NodeReport) -> String {
-    n.used.iter().map(|u| cell(*u)).collect()
+    n.used
+        .iter()
+        .enumerate()
+        .map(|(i, u)| {
+            if n.devices.get(i).is_some_and(|d| !d.partitions.is_empty()) {
+                mig_cell(*u)
+            } else {
+                cell(*u)
+            }
+        })
+        .collect()
 }
 
 /// The heatmap: nodes sorted by fragment (worst first), identical pictures condensed.
@@ -102,6 +123,15 @@ pub fn heatmap(r: &Report, max_rows: usize) -> String {
         s,
         "GPU use per node (· free  ░ ≤25%  ▒ ≤60%  ▓ <100%  █ full)"
     );
+    if r.nodes
+        .iter()
+        .any(|n| n.devices.iter().any(|d| !d.partitions.is_empty()))
+    {
+        let _ = writeln!(
+            s,
+            "  ◔ ◑ ◕ ● a GPU carved into MIG partitions (DRA), by share used"
+        );
+    }
     let mut nodes: Vec<&NodeReport> = r.nodes.iter().collect();
     nodes.sort_by(|a, b| {
         b.fragment_milli
