@@ -1112,3 +1112,115 @@ impl Inventory {
         S::Movable
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn class(name: &str, cel: &str, ext: Option<&str>) -> DeviceClass {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": cel}}], "extendedResourceName": ext}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn counter_families_drop_the_trailing_index() {
+        assert_eq!(family("memory-slice-3"), "memory-slice");
+        assert_eq!(family("memorySlice12"), "memorySlice");
+        assert_eq!(family("multiprocessors"), "multiprocessors");
+        assert_eq!(family("7"), "7");
+        assert_eq!(family(""), "");
+    }
+
+    #[test]
+    fn classes_are_read_from_names_and_selectors() {
+        let nv = class("gpu.nvidia.com", "true", Some("nvidia.com/gpu"));
+        assert_eq!(class_kind(&nv).0, DeviceKind::Gpu);
+        let mig = class("mig.nvidia.com", "true", None);
+        assert_eq!(class_kind(&mig).0, DeviceKind::Mig);
+        let acme = class(
+            "a",
+            "device.driver == 'gpu.acme.io' && device.attributes['gpu.acme.io'].type == 'gpu'",
+            None,
+        );
+        assert_eq!(
+            class_kind(&acme),
+            (DeviceKind::Gpu, vec!["gpu.acme.io".into()])
+        );
+        let nic = class("nic", "device.driver == \"nic.io\"", None);
+        assert_eq!(class_kind(&nic), (DeviceKind::Other, vec!["nic.io".into()]));
+        // Unterminated or odd text: no driver, no panic.
+        let odd = class("o", "device.driver == 'x", None);
+        assert_eq!(class_kind(&odd).1, Vec::<String>::new());
+        let odd = class("o", "device.driver", None);
+        assert_eq!(class_kind(&odd).1, Vec::<String>::new());
+        let inv = Inventory::build(&[], &[], &[&nv, &acme]);
+        assert!(inv.is_gpu_driver("gpu.acme.io") && inv.is_gpu_driver(NVIDIA_DRIVER));
+        assert_eq!(inv.extended_kind("nvidia.com/gpu"), Some(DeviceKind::Gpu));
+        assert_eq!(
+            inv.extended_kind("deviceclass.resource.kubernetes.io/a"),
+            Some(DeviceKind::Gpu)
+        );
+    }
+
+    #[test]
+    fn pod_claims_name_their_claim_objects() {
+        let pod: corev1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [], "resourceClaims": [
+                {"name": "a", "resourceClaimTemplateName": "t"},
+                {"name": "b", "resourceClaimName": "shared"},
+                {"name": "c", "resourceClaimTemplateName": "t"},
+                {"name": "d", "resourceClaimTemplateName": "t"}]},
+            "status": {"resourceClaimStatuses": [
+                {"name": "a", "resourceClaimName": "p-a-x"}, {"name": "c"}],
+                "extendedResourceClaimStatus": {"resourceClaimName": "p-ext", "requestMappings": []}}
+        }))
+        .unwrap();
+        let c = PodClaims::of(&pod);
+        assert!(c.any());
+        assert_eq!(
+            c.names(),
+            [
+                Ok(("p-a-x".to_string(), false)),
+                Ok(("shared".to_string(), true)),
+                Err("d".to_string()),
+                Ok(("p-ext".to_string(), false)),
+            ]
+        );
+        assert!(!PodClaims::default().any());
+    }
+
+    #[test]
+    fn shares_are_measured_on_memory_first() {
+        let dev = Dev {
+            driver: String::new(),
+            pool: String::new(),
+            name: "g".into(),
+            node: None,
+            kind: DeviceKind::Gpu,
+            uuid: None,
+            parent_uuid: None,
+            profile: None,
+            product: None,
+            pcie_root: None,
+            capacity: BTreeMap::from([("memory".into(), 80), ("cores".into(), 100)]),
+            consumes: vec![],
+            taints: vec![],
+            tainted: false,
+            multi: true,
+            bad: None,
+        };
+        let c = |v: &[(&str, u64)]| v.iter().map(|(k, x)| (k.to_string(), *x)).collect();
+        assert_eq!(
+            share_milli(&dev, &c(&[("memory", 20), ("cores", 90)])),
+            Some(250)
+        );
+        assert_eq!(share_milli(&dev, &c(&[("cores", 30)])), Some(300));
+        assert_eq!(share_milli(&dev, &c(&[("memory", 1)])), Some(13));
+        assert_eq!(share_milli(&dev, &c(&[("other", 1)])), None);
+        assert_eq!(share_milli(&dev, &c(&[("memory", 800)])), Some(1000));
+    }
+}

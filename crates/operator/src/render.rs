@@ -691,6 +691,32 @@ fn indent(text: &str, by: &str) -> String {
 mod tests {
     use super::*;
 
+    /// DRA: the CLI's snapshot reader takes ResourceSlices, ResourceClaims and
+    /// DeviceClasses; a GPU carved into MIG partitions has its own shade.
+    #[test]
+    fn dra_snapshots_report_devices_and_mig_partitions() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../core/tests/fixtures");
+        let read = |f: &str| {
+            let objs =
+                crate::input::read_snapshot(std::path::Path::new(&format!("{dir}/{f}"))).unwrap();
+            let c = gpu_defrag_core::ingest::build_cluster(&objs, None);
+            gpu_defrag_core::frag::report(&c, &gpu_defrag_core::policy::Policy::default())
+        };
+        let r = read("dra-whole.yaml");
+        assert_eq!(r.gpus, 32);
+        let s = summary(&r);
+        assert!(s.contains("Nodes counted      4   GPUs 32"), "{s}");
+        let r = read("dra-mig.yaml");
+        let s = summary(&r);
+        assert!(
+            s.contains("MIG                mig-0 1g.10gb: 2/4 free"),
+            "{s}"
+        );
+        let h = heatmap(&r, 10);
+        assert!(h.contains("mig-0  ◕█"), "{h}");
+        assert!(h.contains("MIG partitions"), "{h}");
+    }
+
     #[test]
     fn shades_cover_the_range() {
         assert_eq!(cell(0), '·');
