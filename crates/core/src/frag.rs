@@ -148,6 +148,10 @@ pub struct NodeReport {
     pub model: Option<String>,
     /// Used milli per GPU (for the heatmap).
     pub used: Vec<Milli>,
+    /// DRA nodes: where each GPU of `used` is published (driver, pool, device) and the
+    /// MIG partitions allocated on it; empty for other schemes.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<DraGpu>,
     /// Pods with unknown allocation on it.
     #[serde(skip_serializing_if = "is_zero")]
     pub unknown_pods: u32,
@@ -160,7 +164,9 @@ fn is_zero(v: &u32) -> bool {
     *v == 0
 }
 
-/// MIG profile pool, summed over counted-or-not Ready nodes.
+/// MIG profile pool of one Ready node in scope: the mixed strategy's allocatable
+/// `nvidia.com/mig-*` resources, or DRA partitions (capacity = used + how many more of
+/// the profile still fit, first fit in the driver's order).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MigReport {
@@ -354,6 +360,7 @@ pub fn report(cluster: &Cluster, policy: &Policy) -> Report {
                 .collect(),
             unknown_pods: n.unknown_pods,
             inconsistent: n.inconsistent.clone(),
+            devices: n.dra.clone(),
         });
     }
     let mut unknown = Vec::new();
@@ -573,6 +580,7 @@ pub(crate) mod tests {
             inconsistent: None,
             ready_since: None,
             starting: None,
+            dra: Vec::new(),
         }
     }
 

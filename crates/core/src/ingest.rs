@@ -11,12 +11,15 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1 as corev1;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::adapters::{
-    self, ADAPTERS, NodeCtx, NodeInput, PodInput, Requests, Resolved, alloc_quantity, unknown,
+    self, ADAPTERS, DraPodInput, NodeCtx, NodeInput, PodInput, Requests, Resolved, alloc_quantity,
+    unknown,
 };
+use crate::dra::{self, Inventory, PodClaims};
 use crate::formats::{self, FormatError};
 use crate::model::*;
 use crate::workload::{self, ControllerKind, ControllerObject, Listed};
@@ -77,6 +80,12 @@ pub struct Objects {
     pub namespaces: Vec<ObjectMeta>,
     /// Volcano and KAI PodGroup objects (raw JSON).
     pub pod_groups: Vec<serde_json::Value>,
+    /// DRA `ResourceSlice`s (`resource.k8s.io/v1`).
+    pub resource_slices: Vec<ResourceSlice>,
+    /// DRA `ResourceClaim`s.
+    pub resource_claims: Vec<ResourceClaim>,
+    /// DRA `DeviceClass`es.
+    pub device_classes: Vec<DeviceClass>,
     /// Which of these kinds the input lists in full.
     pub listed: Listed,
 }
@@ -92,6 +101,7 @@ fn to_chrono(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Option
 fn build_node(
     node: &corev1::Node,
     koord: Option<&Result<Vec<formats::KoordDevice>, FormatError>>,
+    dra: Option<&dra::NodeDevices>,
 ) -> (Node, NodeCtx) {
     let meta = &node.metadata;
     let name = meta.name.clone().unwrap_or_default();
@@ -163,6 +173,7 @@ fn build_node(
         inconsistent: None,
         ready_since,
         starting,
+        dra: Vec::new(),
     };
     let mut ctx = NodeCtx::default();
     let input = NodeInput {
@@ -170,6 +181,7 @@ fn build_node(
         annotations,
         koord_devices: koord,
         label_mem,
+        dra,
     };
     // MIG pools (mixed strategy) are reported separately from the milli metric.
     adapters::read_mig_pools(&input, &mut n, &mut ctx);
@@ -340,6 +352,7 @@ fn base_pod(p: &corev1::Pod, nodes: &[Node]) -> (Pod, Requests) {
         pvc: volumes().any(|v| v.persistent_volume_claim.is_some()),
         ephemeral_volume: volumes().any(|v| v.ephemeral.is_some()),
         resource_claims: spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty()),
+        claim_source: ClaimSource::None,
         node_selector: spec.node_selector.clone().unwrap_or_default(),
         affinity: affinity_of(spec),
         tolerations: spec
@@ -381,6 +394,9 @@ pub fn build_cluster(objs: &Objects, now: Option<DateTime<Utc>>) -> Cluster {
                 .collect(),
             namespaces: objs.namespaces.iter().collect(),
             pod_groups: &objs.pod_groups,
+            resource_slices: objs.resource_slices.iter().collect(),
+            resource_claims: objs.resource_claims.iter().collect(),
+            device_classes: objs.device_classes.iter().collect(),
             listed: objs.listed,
         },
         now,
@@ -404,6 +420,12 @@ pub struct ObjectRefs<'a> {
     pub namespaces: Vec<&'a ObjectMeta>,
     /// Volcano and KAI PodGroup objects (raw JSON).
     pub pod_groups: &'a [serde_json::Value],
+    /// DRA `ResourceSlice`s.
+    pub resource_slices: Vec<&'a ResourceSlice>,
+    /// DRA `ResourceClaim`s.
+    pub resource_claims: Vec<&'a ResourceClaim>,
+    /// DRA `DeviceClass`es.
+    pub device_classes: Vec<&'a DeviceClass>,
     /// Which kinds are listed in full.
     pub listed: Listed,
 }
@@ -425,6 +447,11 @@ pub fn build_cluster_from(objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) -> C
             }
         }
     }
+    let inv = Inventory::build(
+        &objs.resource_slices,
+        &objs.resource_claims,
+        &objs.device_classes,
+    );
     let mut built: Vec<(Node, NodeCtx)> = objs
         .nodes
         .iter()
@@ -432,7 +459,7 @@ pub fn build_cluster_from(objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) -> C
         .filter(|n| n.metadata.name.as_deref().is_some_and(|s| !s.is_empty()))
         .map(|n| {
             let name = n.metadata.name.as_deref().unwrap_or_default();
-            build_node(n, koord.get(name))
+            build_node(n, koord.get(name), inv.nodes.get(name))
         })
         .collect();
     built.sort_by(|a, b| a.0.name.cmp(&b.0.name));
@@ -443,6 +470,7 @@ pub fn build_cluster_from(objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) -> C
     let mut pods = Vec::with_capacity(objs.pods.len());
     let mut kai: Vec<(usize, String, Milli)> = Vec::new(); // (pod index, group, milli)
     let mut replicas: Vec<(usize, u32)> = Vec::new(); // (pod index, replicas held)
+    let mut dra_pods = 0usize; // pods with DRA claims or DRA-backed extended resources
     for &p in &objs.pods {
         let (mut pod, req) = base_pod(p, &nodes);
         let empty = BTreeMap::new();
@@ -451,6 +479,19 @@ pub fn build_cluster_from(objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) -> C
         pod.gang = index.gang(&pod.namespace, &pod.labels, annotations);
         let node = pod.node.map(|i| (&nodes[i], &ctxs[i]));
         let active = pod.is_active_bound() && pod.node.is_some();
+        let claims = if inv.present() {
+            PodClaims::of(p)
+        } else {
+            PodClaims::default()
+        };
+        let dra_ext = inv.present()
+            && inv
+                .extended()
+                .any(|(name, _)| req.total(name).is_ok_and(|n| n > 0));
+        pod.claim_source = inv.claim_source(&pod.namespace, &claims, dra_ext);
+        if claims.any() || dra_ext {
+            dra_pods += 1;
+        }
         // A pod whose requests cannot be read is unknown, whatever its records say.
         let resolved = if let Some(bad) = req.unreadable() {
             unknown(UnknownReason::BadQuantity(bad.to_string()))
@@ -459,6 +500,8 @@ pub fn build_cluster_from(objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) -> C
                 && (req.has_shared()
                     || req.has(NVIDIA_GPU)
                     || req.has(NVIDIA_GPU_SHARED)
+                    || claims.any()
+                    || dra_ext
                     || !annotations.is_empty())
             {
                 unknown(UnknownReason::NodeInventory(e))
@@ -470,6 +513,11 @@ pub fn build_cluster_from(objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) -> C
                 pod: &pod,
                 req: &req,
                 annotations,
+                dra: inv.present().then_some(DraPodInput {
+                    inv: &inv,
+                    claims: &claims,
+                    node_is_dra: node.is_some_and(|(n, _)| n.scheme == Scheme::Dra),
+                }),
             };
             resolve(&input, if active { node } else { None })
         };
@@ -503,7 +551,8 @@ pub fn build_cluster_from(objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) -> C
     apply_uses(&mut nodes, &mut pods, &kai);
     apply_replicas(&mut nodes, &mut pods, &replicas, &per_gpu);
     let pdbs = objs.pdbs.iter().copied().map(pdb_of).collect();
-    let unchecked = unchecked_notes(&pods, &objs.listed);
+    let mut unchecked = unchecked_notes(&pods, &objs.listed);
+    unchecked.extend(dra_notes(&inv, dra_pods));
     let mut c = Cluster {
         nodes,
         pods,
@@ -556,6 +605,32 @@ fn unchecked_notes(pods: &[Pod], listed: &Listed) -> Vec<String> {
     notes
 }
 
+/// What the DRA objects of the input did not let the model read.
+fn dra_notes(inv: &Inventory, dra_pods: usize) -> Vec<String> {
+    let mut notes = inv.notes.clone();
+    // Without any DRA object, pods with claims keep their `resource-claim` skip.
+    if !inv.present() {
+        return notes;
+    }
+    let (slices, claims, classes) = inv.listed;
+    if !slices {
+        notes.push(
+            "the input has no resourceslices: GPUs published through DRA are not counted".into(),
+        );
+    }
+    if !claims && dra_pods > 0 {
+        notes.push(format!(
+            "the input has no resourceclaims: the DRA devices of {dra_pods} pods are not known (those pods are unknown on DRA nodes and never moved)"
+        ));
+    }
+    if !classes {
+        notes.push(
+            "the input has no deviceclasses: extended resources backed by DRA (nvidia.com/gpu through a DeviceClass) are not recognised".into(),
+        );
+    }
+    notes
+}
+
 fn pdb_of(p: &PodDisruptionBudget) -> Pdb {
     Pdb {
         namespace: p.metadata.namespace.clone().unwrap_or_default(),
@@ -598,6 +673,8 @@ fn apply_uses(nodes: &mut [Node], pods: &mut [Pod], kai: &[(usize, String, Milli
                 }
             }
             GpuUse::Whole(w) => whole[i] += u64::from(*w),
+            // A DRA node's MIG pools already count every allocated partition.
+            GpuUse::Mig(_) if nodes[i].scheme == Scheme::Dra => {}
             GpuUse::Mig(m) => {
                 for (prof, c) in m {
                     if let Some(pool) = nodes[i].mig.iter_mut().find(|p| &p.profile == prof) {
@@ -664,6 +741,18 @@ fn apply_uses(nodes: &mut [Node], pods: &mut [Pod], kai: &[(usize, String, Milli
         kai_groups_per_node[n].push(v);
     }
     for (i, node) in nodes.iter_mut().enumerate() {
+        // A DRA node's GPU use is its claims' allocations, over-allocation included, read
+        // with the inventory (claims whose pods are gone still hold their devices).
+        if node.scheme == Scheme::Dra {
+            for (_, members) in &kai_groups_per_node[i] {
+                for pi in members {
+                    pods[*pi].gpu = GpuUse::Unknown(UnknownReason::DisagreesWithRequest(
+                        "KAI fraction on a dra node".into(),
+                    ));
+                }
+            }
+            continue;
+        }
         // Over-committed devices: every pod on them becomes unknown.
         let over: Vec<usize> = sums[i]
             .iter()

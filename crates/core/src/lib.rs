@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 mod adapters;
+pub mod dra;
 pub mod fence;
 pub mod formats;
 pub mod frag;

@@ -31,6 +31,9 @@ pub enum Scheme {
     /// `nvidia.com/gpu.replicas` replicas (`nvidia.com/gpu` or `nvidia.com/gpu.shared`).
     /// Which GPU a replica is on is not recorded: counted per node.
     NvidiaSharing,
+    /// Dynamic Resource Allocation: GPUs published in `ResourceSlice`s (`resource.k8s.io/v1`),
+    /// allocated through `ResourceClaim`s (see [`crate::dra`]).
+    Dra,
 }
 
 impl Scheme {
@@ -44,6 +47,7 @@ impl Scheme {
             Scheme::VolcanoShare => "volcano-gpushare",
             Scheme::Aliyun => "aliyun-gpushare",
             Scheme::NvidiaSharing => "nvidia-sharing",
+            Scheme::Dra => "dra",
         }
     }
 }
@@ -118,6 +122,30 @@ pub struct MigPool {
     pub used: u64,
 }
 
+/// Where a GPU of a [`Scheme::Dra`] node is published, and what is carved out of it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DraGpu {
+    /// Driver (`gpu.nvidia.com`).
+    pub driver: String,
+    /// Pool (the node's name for the NVIDIA driver).
+    pub pool: String,
+    /// Device name in the pool (`gpu-0`): what a `DeviceTaintRule` selects.
+    pub device: String,
+    /// `uuid` attribute.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// `resource.kubernetes.io/pcieRoot` attribute.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pcie_root: Option<String>,
+    /// Profiles of the MIG partitions allocated on it (partitionable devices), in order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub partitions: Vec<String>,
+    /// Its taints (`key=value:Effect`), from the ResourceSlice.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<String>,
+}
+
 /// One node, normalised.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Node {
@@ -165,6 +193,9 @@ pub struct Node {
     /// Why the node is still starting up (a start-up taint), when it is: it receives no
     /// planned pod.
     pub starting: Option<String>,
+    /// [`Scheme::Dra`] nodes: where each GPU of `gpus` is published (same order); empty
+    /// for other schemes.
+    pub dra: Vec<DraGpu>,
 }
 
 impl Node {
@@ -243,6 +274,9 @@ pub enum UnknownReason {
     /// A resource request or limit of the pod is not a quantity (or not a whole count
     /// where one is needed): what the pod asks for cannot be read.
     BadQuantity(String),
+    /// A Dynamic Resource Allocation claim of the pod is missing from the input, not
+    /// allocated, or not reserved for the pod.
+    ClaimUnresolved(String),
 }
 
 impl UnknownReason {
@@ -257,6 +291,7 @@ impl UnknownReason {
             UnknownReason::NodeInventory(_) => "node-inventory-unreadable",
             UnknownReason::Unconfirmed(_) => "record-unconfirmed",
             UnknownReason::BadQuantity(_) => "bad-quantity",
+            UnknownReason::ClaimUnresolved(_) => "claim-unresolved",
         }
     }
 }
@@ -273,7 +308,8 @@ impl std::fmt::Display for UnknownReason {
             | UnknownReason::Overcommitted(m)
             | UnknownReason::NodeInventory(m)
             | UnknownReason::Unconfirmed(m)
-            | UnknownReason::BadQuantity(m) => write!(f, "{}: {m}", self.code()),
+            | UnknownReason::BadQuantity(m)
+            | UnknownReason::ClaimUnresolved(m) => write!(f, "{}: {m}", self.code()),
         }
     }
 }
@@ -364,6 +400,29 @@ pub enum Gang {
     Unknown(String),
 }
 
+/// Where a pod's Dynamic Resource Allocation devices come from, as far as its move is
+/// concerned.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ClaimSource {
+    /// No claim read (none, or the claims were not read).
+    #[default]
+    None,
+    /// Every claim is the pod's own (made from a `ResourceClaimTemplate`, or by the
+    /// scheduler for a DRA-backed extended resource) and holds only whole GPUs the model
+    /// knows: the replacement gets new claims, allocated afresh.
+    Movable,
+    /// It uses a claim named in its spec (`resourceClaimName`), which stays allocated
+    /// on its node: the replacement could only land back there.
+    Named(String),
+    /// It uses a claim other pods use too: the devices stay allocated while any of them
+    /// runs.
+    Shared(String),
+    /// Its claims could not be judged, or hold devices the planner does not place
+    /// (MIG partitions, consumable-capacity shares, other drivers' devices): the message
+    /// says which.
+    Unsure(String),
+}
+
 /// A required node-affinity expression (`matchExpressions` or `matchFields` entry).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeSelectorRequirement {
@@ -438,6 +497,9 @@ pub struct Pod {
     pub ephemeral_volume: bool,
     /// Has `spec.resourceClaims` (Dynamic Resource Allocation).
     pub resource_claims: bool,
+    /// Where its DRA devices come from, for the move rules ([`ClaimSource::None`] when
+    /// it has no claim, or when they were not read: then `resource_claims` decides).
+    pub claim_source: ClaimSource,
     /// `spec.nodeSelector`.
     pub node_selector: BTreeMap<String, String>,
     /// Required node affinity: OR of terms, each an AND of requirements.

@@ -80,8 +80,15 @@ pub enum Skip {
     Pvc,
     /// Has a generic ephemeral volume and `safety.evictEphemeralVolumePods` is off.
     EphemeralVolume,
-    /// Holds Dynamic Resource Allocation claims (not understood yet).
+    /// Holds Dynamic Resource Allocation claims gpu-defrag cannot judge (not read, not
+    /// allocated, or holding devices the planner does not place: MIG partitions,
+    /// consumable-capacity shares, other drivers' devices).
     ResourceClaim,
+    /// Uses a claim named in its spec (`resourceClaimName`): the claim stays allocated
+    /// on its node, so the replacement could only land back there.
+    NamedClaim,
+    /// Uses a claim other pods use too: its devices stay allocated while any of them runs.
+    SharedClaim,
     /// Its PodDisruptionBudget's status is behind its spec.
     PdbStale,
     /// Its workload already has `limits.maxUnavailablePerWorkload` replicas unavailable
@@ -123,6 +130,8 @@ impl Skip {
             Skip::Pvc => "pvc",
             Skip::EphemeralVolume => "ephemeral-volume",
             Skip::ResourceClaim => "resource-claim",
+            Skip::NamedClaim => "named-resource-claim",
+            Skip::SharedClaim => "shared-resource-claim",
             Skip::PdbStale => "pdb-stale",
             Skip::WorkloadUnavailable => "workload-unavailable",
             Skip::LastReadyReplica => "last-ready-replica",
@@ -150,6 +159,8 @@ impl Skip {
         Skip::LocalStorage,
         Skip::Pvc,
         Skip::EphemeralVolume,
+        Skip::SharedClaim,
+        Skip::NamedClaim,
         Skip::ResourceClaim,
         Skip::SchedulerNotBinpacking,
         Skip::ProtectedClass,
@@ -513,8 +524,13 @@ pub fn movable(
     if pod.ephemeral_volume && !policy.evict_ephemeral_volume_pods {
         return Err(Skip::EphemeralVolume);
     }
-    if pod.resource_claims {
-        return Err(Skip::ResourceClaim);
+    match &pod.claim_source {
+        ClaimSource::Movable => {}
+        ClaimSource::Shared(_) => return Err(Skip::SharedClaim),
+        ClaimSource::Named(_) => return Err(Skip::NamedClaim),
+        ClaimSource::Unsure(_) => return Err(Skip::ResourceClaim),
+        ClaimSource::None if pod.resource_claims => return Err(Skip::ResourceClaim),
+        ClaimSource::None => {}
     }
     if !policy.binpack_schedulers.contains(&pod.scheduler) {
         return Err(Skip::SchedulerNotBinpacking);
@@ -1487,6 +1503,13 @@ pub fn plan_with_activity(
                     from.name
                 ),
                 UnitKind::Group => format!("free whole GPUs on {}", from.name),
+            };
+            // kube-scheduler scores no device packing for claim pods: other plugins choose
+            // their node, and the first fitting device in the driver's order is taken.
+            let reason = if p.resource_claims && p.scheme == Some(Scheme::Dra) {
+                format!("{reason} (DRA claim pod: landing not guaranteed)")
+            } else {
+                reason
             };
             moves.push(Move {
                 pod: p.key(),

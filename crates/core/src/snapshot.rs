@@ -1,12 +1,14 @@
 //! Loading a saved cluster snapshot: a `v1` List (YAML or JSON), as
 //! `kubectl get nodes,pods,pdb -A -o yaml` prints it, optionally with the pods' owners
 //! (`replicasets,statefulsets,jobs`), `namespaces`, Volcano and KAI `podgroups` and
-//! Koordinator `Device` objects. A kind the snapshot carries is "listed": the model
+//! Koordinator `Device` objects, and the DRA objects (`resourceslices,resourceclaims,
+//! deviceclasses`, `resource.k8s.io/v1`). A kind the snapshot carries is "listed": the model
 //! checks against it (a pod whose ReplicaSet is missing from a snapshot that has
 //! ReplicaSets is never moved); a kind it lacks is reported as not checked. Errors name
 //! the item and the field.
 use k8s_openapi::api::core::v1 as corev1;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{
     DeserializeOwned, DeserializeSeed, Error as _, IgnoredAny, IntoDeserializer, MapAccess, Visitor,
@@ -131,6 +133,9 @@ enum Item {
     Node(Box<corev1::Node>),
     Pod(Box<corev1::Pod>),
     Pdb(Box<PodDisruptionBudget>),
+    Slice(Box<ResourceSlice>),
+    Claim(Box<ResourceClaim>),
+    Class(Box<DeviceClass>),
     Device(serde_json::Value),
     /// ReplicaSet, StatefulSet, Job, Namespace, PodGroup: read as a tree.
     Meta(String, serde_json::Value),
@@ -171,6 +176,9 @@ impl<'de> Visitor<'de> for ItemVisitor {
                 "Node" => Item::Node(Box::new(Deserialize::deserialize(rest)?)),
                 "Pod" => Item::Pod(Box::new(Deserialize::deserialize(rest)?)),
                 "PodDisruptionBudget" => Item::Pdb(Box::new(Deserialize::deserialize(rest)?)),
+                "ResourceSlice" => Item::Slice(Box::new(Deserialize::deserialize(rest)?)),
+                "ResourceClaim" => Item::Claim(Box::new(Deserialize::deserialize(rest)?)),
+                "DeviceClass" => Item::Class(Box::new(Deserialize::deserialize(rest)?)),
                 "Device" => Item::Device(Deserialize::deserialize(rest)?),
                 k if is_meta_kind(k) => Item::Meta(kind.clone(), Deserialize::deserialize(rest)?),
                 _ => {
@@ -235,6 +243,9 @@ fn parse_json(text: &str) -> Result<Objects, SnapshotError> {
             Item::Node(n) => objs.nodes.push(*n),
             Item::Pod(p) => objs.pods.push(*p),
             Item::Pdb(p) => objs.pdbs.push(*p),
+            Item::Slice(x) => objs.resource_slices.push(*x),
+            Item::Claim(x) => objs.resource_claims.push(*x),
+            Item::Class(x) => objs.device_classes.push(*x),
             Item::Device(d) => push_device(&mut objs, index, d)?,
             Item::Meta(kind, v) => push_meta(&mut objs, index, &kind, v)?,
             Item::Other => {}
@@ -258,6 +269,9 @@ fn parse_json_checked(text: &str) -> Result<Objects, SnapshotError> {
             "Node" => objs.nodes.push(fast(index, kind, raw.get())?),
             "Pod" => objs.pods.push(fast(index, kind, raw.get())?),
             "PodDisruptionBudget" => objs.pdbs.push(fast(index, kind, raw.get())?),
+            "ResourceSlice" => objs.resource_slices.push(fast(index, kind, raw.get())?),
+            "ResourceClaim" => objs.resource_claims.push(fast(index, kind, raw.get())?),
+            "DeviceClass" => objs.device_classes.push(fast(index, kind, raw.get())?),
             "Device" => {
                 let v: serde_json::Value = serde_json::from_str(raw.get())
                     .map_err(|e| SnapshotError::NotAList(short(e.to_string())))?;
@@ -326,6 +340,15 @@ pub fn parse(text: &str) -> Result<Objects, SnapshotError> {
             "PodDisruptionBudget" => objs
                 .pdbs
                 .push(typed::<PodDisruptionBudget>(index, &kind, item)?),
+            "ResourceSlice" => objs
+                .resource_slices
+                .push(typed::<ResourceSlice>(index, &kind, item)?),
+            "ResourceClaim" => objs
+                .resource_claims
+                .push(typed::<ResourceClaim>(index, &kind, item)?),
+            "DeviceClass" => objs
+                .device_classes
+                .push(typed::<DeviceClass>(index, &kind, item)?),
             "Device" => push_device(&mut objs, index, item)?,
             k if is_meta_kind(k) => push_meta(&mut objs, index, k, item)?,
             // Other kinds (Services, ConfigMaps, …) are not part of the model.

@@ -45,6 +45,7 @@ fn node(name: &str, gpus: usize, granularity: Granularity) -> Node {
         inconsistent: None,
         ready_since: None,
         starting: None,
+        dra: Vec::new(),
     }
 }
 

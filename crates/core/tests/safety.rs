@@ -1047,9 +1047,11 @@ fn variant_count(s: Skip) -> usize {
         | Skip::Pvc
         | Skip::EphemeralVolume
         | Skip::ResourceClaim
+        | Skip::NamedClaim
+        | Skip::SharedClaim
         | Skip::PdbStale
         | Skip::WorkloadUnavailable
-        | Skip::LastReadyReplica => 31,
+        | Skip::LastReadyReplica => 33,
     }
 }
 

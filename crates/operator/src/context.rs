@@ -274,6 +274,11 @@ impl Ctx {
                 controllers: owners.controllers(),
                 namespaces: owners.namespaces(),
                 pod_groups: &owners.pod_groups,
+                // DRA objects (ResourceSlices, ResourceClaims, DeviceClasses) are not
+                // watched yet: DRA nodes show no GPUs to the operator (the CLI reads them).
+                resource_slices: Vec::new(),
+                resource_claims: Vec::new(),
+                device_classes: Vec::new(),
                 listed: owners.listed,
             },
             now,

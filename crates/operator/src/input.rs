@@ -12,6 +12,7 @@ use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
@@ -307,6 +308,18 @@ where
         .collect())
 }
 
+/// Every `K` in the cluster; none when the API is not served or not allowed.
+async fn list_optional<K>(client: &kube::Client) -> Vec<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Api::<K>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
 /// A 404 on DefragPolicy `name` is the user's to fix (exit code 2).
 fn not_found(e: kube::Error, name: &str) -> anyhow::Error {
     match e {
@@ -318,8 +331,9 @@ fn not_found(e: kube::Error, name: &str) -> anyhow::Error {
     }
 }
 
-/// Reads nodes, pods, PDBs (and Koordinator Devices when that CRD exists) from the
-/// cluster of the current kubeconfig context. Read-only.
+/// Reads nodes, pods, PDBs (and Koordinator Devices when that CRD exists, DRA
+/// ResourceSlices, ResourceClaims and DeviceClasses where served) from the cluster of the
+/// current kubeconfig context. Read-only.
 pub async fn read_live(client: kube::Client) -> anyhow::Result<Objects> {
     let lp = ListParams::default();
     let nodes = Api::<Node>::all(client.clone())
@@ -389,6 +403,10 @@ pub async fn read_live(client: kube::Client) -> anyhow::Result<Objects> {
             );
         }
     }
+    // DRA objects (resource.k8s.io/v1), where served and allowed: optional like Devices.
+    let resource_slices = list_optional::<ResourceSlice>(&client).await;
+    let resource_claims = list_optional::<ResourceClaim>(&client).await;
+    let device_classes = list_optional::<DeviceClass>(&client).await;
     Ok(Objects {
         nodes,
         pods,
@@ -397,6 +415,9 @@ pub async fn read_live(client: kube::Client) -> anyhow::Result<Objects> {
         controllers,
         namespaces,
         pod_groups,
+        resource_slices,
+        resource_claims,
+        device_classes,
         listed: Listed {
             replica_sets: true,
             stateful_sets: true,

@@ -19,6 +19,17 @@ fn cell(used: u32) -> char {
     }
 }
 
+/// Shade of a GPU carved into MIG partitions (DRA partitionable devices), by its used
+/// milli: a quarter, a half, three quarters, full.
+fn mig_cell(used: u32) -> char {
+    match used {
+        0..=250 => '◔',
+        251..=600 => '◑',
+        601..=999 => '◕',
+        _ => '●',
+    }
+}
+
 fn pct(rate: f64) -> String {
     format!("{:.1}%", rate * 100.0)
 }
@@ -92,7 +103,17 @@ pub fn summary(r: &Report) -> String {
 }
 
 fn row_picture(n: &NodeReport) -> String {
-    n.used.iter().map(|u| cell(*u)).collect()
+    n.used
+        .iter()
+        .enumerate()
+        .map(|(i, u)| {
+            if n.devices.get(i).is_some_and(|d| !d.partitions.is_empty()) {
+                mig_cell(*u)
+            } else {
+                cell(*u)
+            }
+        })
+        .collect()
 }
 
 /// The heatmap: nodes sorted by fragment (worst first), identical pictures condensed.
@@ -102,6 +123,15 @@ pub fn heatmap(r: &Report, max_rows: usize) -> String {
         s,
         "GPU use per node (· free  ░ ≤25%  ▒ ≤60%  ▓ <100%  █ full)"
     );
+    if r.nodes
+        .iter()
+        .any(|n| n.devices.iter().any(|d| !d.partitions.is_empty()))
+    {
+        let _ = writeln!(
+            s,
+            "  ◔ ◑ ◕ ● a GPU carved into MIG partitions (DRA), by share used"
+        );
+    }
     let mut nodes: Vec<&NodeReport> = r.nodes.iter().collect();
     nodes.sort_by(|a, b| {
         b.fragment_milli
@@ -660,6 +690,32 @@ fn indent(text: &str, by: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// DRA: the CLI's snapshot reader takes ResourceSlices, ResourceClaims and
+    /// DeviceClasses; a GPU carved into MIG partitions has its own shade.
+    #[test]
+    fn dra_snapshots_report_devices_and_mig_partitions() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../core/tests/fixtures");
+        let read = |f: &str| {
+            let objs =
+                crate::input::read_snapshot(std::path::Path::new(&format!("{dir}/{f}"))).unwrap();
+            let c = gpu_defrag_core::ingest::build_cluster(&objs, None);
+            gpu_defrag_core::frag::report(&c, &gpu_defrag_core::policy::Policy::default())
+        };
+        let r = read("dra-whole.yaml");
+        assert_eq!(r.gpus, 32);
+        let s = summary(&r);
+        assert!(s.contains("Nodes counted      4   GPUs 32"), "{s}");
+        let r = read("dra-mig.yaml");
+        let s = summary(&r);
+        assert!(
+            s.contains("MIG                mig-0 1g.10gb: 2/4 free"),
+            "{s}"
+        );
+        let h = heatmap(&r, 10);
+        assert!(h.contains("mig-0  ◕█"), "{h}");
+        assert!(h.contains("MIG partitions"), "{h}");
+    }
 
     #[test]
     fn shades_cover_the_range() {

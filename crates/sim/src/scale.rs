@@ -83,6 +83,7 @@ pub fn build(p: &ScaleParams) -> Cluster {
                 inconsistent: None,
                 ready_since: None,
                 starting: None,
+                dra: Vec::new(),
             }
         })
         .collect();

@@ -110,6 +110,7 @@ pub fn nodes_of(trace: &Trace) -> Vec<Node> {
             inconsistent: None,
             ready_since: None,
             starting: None,
+            dra: Vec::new(),
         })
         .collect()
 }

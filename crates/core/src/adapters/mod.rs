@@ -16,6 +16,7 @@ use crate::formats::{self, FormatError};
 use crate::model::*;
 
 mod aliyun;
+mod dra;
 mod hami;
 mod kai;
 mod koord;
@@ -52,6 +53,7 @@ pub(crate) static ADAPTERS: &[&dyn Adapter] = &[
     &aliyun::Aliyun,
     &kai::Kai,
     &unrecorded::UnrecordedShare,
+    &dra::Dra,
     &mig::Mig,
     &nvidia_sharing::NvidiaSharing,
     &plain::Plain,
@@ -122,6 +124,8 @@ pub(crate) struct NodeInput<'a> {
     pub koord_devices: Option<&'a Result<Vec<formats::KoordDevice>, FormatError>>,
     /// Per-GPU memory in MiB from the `nvidia.com/gpu.memory` label.
     pub label_mem: Option<u64>,
+    /// Its GPUs published through DRA, when a driver publishes any.
+    pub dra: Option<&'a crate::dra::NodeDevices>,
 }
 
 impl NodeInput<'_> {
@@ -171,6 +175,18 @@ pub(crate) struct PodInput<'a> {
     pub req: &'a Requests,
     /// Its annotations (empty when it has none).
     pub annotations: &'a BTreeMap<String, String>,
+    /// Its DRA claims and the DRA inventory, when the input has DRA objects.
+    pub dra: Option<DraPodInput<'a>>,
+}
+
+/// What the DRA adapter reads of a pod.
+pub(crate) struct DraPodInput<'a> {
+    /// The DRA inventory.
+    pub inv: &'a crate::dra::Inventory,
+    /// The pod's claims.
+    pub claims: &'a crate::dra::PodClaims,
+    /// Its node is a DRA node.
+    pub node_is_dra: bool,
 }
 
 /// Per-pod resource requests, summed over containers (init containers: the max).
@@ -437,6 +453,7 @@ mod tests {
                 "aliyun-gpushare",
                 "kai",
                 "unrecorded-share",
+                "dra",
                 "mig",
                 "nvidia-sharing",
                 "plain",
@@ -458,6 +475,7 @@ mod tests {
                 Scheme::Koordinator,
                 Scheme::VolcanoShare,
                 Scheme::Aliyun,
+                Scheme::Dra,
                 Scheme::NvidiaSharing,
                 Scheme::Plain,
             ],
@@ -474,6 +492,7 @@ mod tests {
             annotations: &empty,
             koord_devices: None,
             label_mem: None,
+            dra: None,
         };
         let pod = Pod::default();
         let req = Requests::default();
@@ -481,6 +500,7 @@ mod tests {
             pod: &pod,
             req: &req,
             annotations: &empty,
+            dra: None,
         };
         let last = ADAPTERS.last().unwrap();
         assert!(last.claims_node(&input) && last.claims_pod(&p));

@@ -261,6 +261,7 @@ mod tests {
             annotations: &EMPTY,
             koord_devices: None,
             label_mem: None,
+            dra: None,
         }
     }
 
