@@ -1205,6 +1205,10 @@ fn add_partial_units(
 ) {
     let node = &c.nodes[n];
     match node.granularity {
+        // A DRA GPU cannot be fenced alone yet (no DeviceTaintRule fences): the scheduler's
+        // first-fit could hand the drained device straight back. Only whole-node drains,
+        // fenced by the node taint, are planned there.
+        Granularity::Device if node.scheme == Scheme::Dra => {}
         Granularity::Device => {
             for g in 0..node.gpus.len() {
                 let on: Vec<usize> = pods

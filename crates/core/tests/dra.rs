@@ -118,6 +118,10 @@ fn the_planner_packs_dra_gpus_and_frees_a_node() {
         p.after
     );
     assert!(p.after.fragment_rate < p.before.fragment_rate);
+    // A DRA GPU cannot be fenced alone yet: only whole-node drains (node taint).
+    for b in &p.batches {
+        assert_eq!(b.kind, plan::UnitKind::Node, "{b:?}");
+    }
     for m in &p.moves {
         assert_eq!(m.to_devices.len(), 1, "{m:?}");
         assert!(m.to_devices[0].starts_with("gpu-"), "{m:?}");
