@@ -24,6 +24,7 @@ use serde_json::json;
 use tokio::sync::Mutex;
 use tracing::warn;
 
+use crate::dra::DraObjects;
 use crate::idle::{IdleSource, IdleState, Measured};
 use crate::koord::Devices;
 use crate::lease::LeaderState;
@@ -241,6 +242,8 @@ pub struct Ctx {
     pub devices: Devices,
     /// The pods' owner objects, namespaces and pod groups.
     pub owners: Owners,
+    /// DRA ResourceSlices, ResourceClaims and DeviceClasses (watched where served).
+    pub dra: DraObjects,
     /// Last dry-run check per policy: plan fingerprint, when, result.
     pub dry_checks: Mutex<HashMap<String, (u64, Instant, DryRunCheck)>>,
     /// GPU activity from Prometheus (`--prometheus-url`), if configured.
@@ -265,6 +268,7 @@ impl Ctx {
         let (nodes, pods, pdbs) = (self.nodes.state(), self.pods.state(), self.pdbs.state());
         let devices = self.devices.objects();
         let owners = self.owners.snapshot();
+        let dra = self.dra.snapshot();
         ingest::build_cluster_from(
             ingest::ObjectRefs {
                 nodes: nodes.iter().map(|n| n.as_ref()).collect(),
@@ -274,11 +278,9 @@ impl Ctx {
                 controllers: owners.controllers(),
                 namespaces: owners.namespaces(),
                 pod_groups: &owners.pod_groups,
-                // DRA objects (ResourceSlices, ResourceClaims, DeviceClasses) are not
-                // watched yet: DRA nodes show no GPUs to the operator (the CLI reads them).
-                resource_slices: Vec::new(),
-                resource_claims: Vec::new(),
-                device_classes: Vec::new(),
+                resource_slices: dra.slices.iter().map(|s| s.as_ref()).collect(),
+                resource_claims: dra.claims.iter().map(|c| c.as_ref()).collect(),
+                device_classes: dra.classes.iter().map(|c| c.as_ref()).collect(),
                 listed: owners.listed,
             },
             now,

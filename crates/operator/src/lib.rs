@@ -19,6 +19,7 @@ pub mod apiclient;
 pub mod cli;
 pub mod context;
 pub mod controller;
+pub mod dra;
 pub mod executor;
 pub mod http;
 pub mod idle;

@@ -154,6 +154,21 @@ fn cluster_role_is_least_privilege() {
             &["get", "list", "watch"],
         ),
         grant("scheduling.run.ai", "podgroups", &["get", "list", "watch"]),
+        grant(
+            "resource.k8s.io",
+            "resourceslices",
+            &["get", "list", "watch"],
+        ),
+        grant(
+            "resource.k8s.io",
+            "resourceclaims",
+            &["get", "list", "watch"],
+        ),
+        grant(
+            "resource.k8s.io",
+            "deviceclasses",
+            &["get", "list", "watch"],
+        ),
     ]
     .into_iter()
     .collect();
@@ -201,6 +216,9 @@ fn viewer_role_only_reads() {
         grant("", "namespaces", &["get", "list"]),
         grant("scheduling.volcano.sh", "podgroups", &["get", "list"]),
         grant("scheduling.run.ai", "podgroups", &["get", "list"]),
+        grant("resource.k8s.io", "resourceslices", &["get", "list"]),
+        grant("resource.k8s.io", "resourceclaims", &["get", "list"]),
+        grant("resource.k8s.io", "deviceclasses", &["get", "list"]),
     ]
     .into_iter()
     .collect();

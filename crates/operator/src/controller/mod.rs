@@ -25,6 +25,7 @@ use tokio::sync::Mutex;
 use tracing::{info, warn};
 
 use crate::context::{Ctx, Error, Events};
+use crate::dra::DraObjects;
 use crate::executor::fences;
 use crate::idle::IdleSource;
 use crate::koord::Devices;
@@ -183,6 +184,13 @@ pub async fn run(
         })
         .await
     };
+    let dra = {
+        let tx = tx.clone();
+        DraObjects::start(client.clone(), move || {
+            let _ = tx.try_send(());
+        })
+        .await
+    };
     let trigger = tokio_stream_from(rx);
     let mut pcfg = watcher::Config::default().any_semantic();
     if !opts.policy_selector.is_empty() {
@@ -215,6 +223,7 @@ pub async fn run(
         runs: Mutex::new(HashMap::new()),
         devices: devices.clone(),
         owners: owners.clone(),
+        dra: dra.clone(),
         failures: Default::default(),
         dry_checks: Mutex::new(HashMap::new()),
         idle: opts.idle.clone(),
@@ -254,7 +263,8 @@ pub async fn run(
             p.wait_until_ready(),
             b.wait_until_ready(),
             devices.wait_until_ready(),
-            owners.wait_until_ready()
+            owners.wait_until_ready(),
+            dra.wait_until_ready()
         );
         caches.store(true, std::sync::atomic::Ordering::SeqCst);
         ready2.store(true, std::sync::atomic::Ordering::SeqCst);

@@ -382,7 +382,12 @@ impl Run {
             return Some(Stop::WindowClosed);
         }
         let since = crate::objects::parse_ts(&self.rec.started_at).unwrap_or_else(Utc::now);
-        let pending = waits::pending_gpu_pods(&self.ctx.pods, &self.policy, since);
+        let pending = waits::pending_gpu_pods(
+            &self.ctx.pods,
+            &self.ctx.dra.snapshot(),
+            &self.policy,
+            since,
+        );
         (pending > self.policy.max_pending_gpu_pods as usize + self.waits.open.len())
             .then_some(Stop::PendingPileUp(pending))
     }

@@ -16,6 +16,7 @@ use tracing::warn;
 
 use super::fences::Fences;
 use super::outcome::{self, Stop};
+use crate::dra::DraSnapshot;
 use crate::metrics::Metrics;
 use crate::objects::{controller_of, pod_node, pod_ready};
 
@@ -123,7 +124,12 @@ fn pods_of_owner(pods: &Store<Pod>, ns: &str, owner: &Workload) -> Vec<Arc<Pod>>
 /// GPU pods pending in the policy's scope that were created since `since` (the
 /// `maxPendingGpuPods` guard: what the run itself left unschedulable, its replacements
 /// and whatever arrived meanwhile, not the queue it came to serve).
-pub fn pending_gpu_pods(pods: &Store<Pod>, policy: &Policy, since: DateTime<Utc>) -> usize {
+pub fn pending_gpu_pods(
+    pods: &Store<Pod>,
+    dra: &DraSnapshot,
+    policy: &Policy,
+    since: DateTime<Utc>,
+) -> usize {
     let pods = pods.state();
     let objs = ingest::ObjectRefs {
         pods: pods
@@ -136,6 +142,9 @@ pub fn pending_gpu_pods(pods: &Store<Pod>, policy: &Policy, since: DateTime<Utc>
             })
             .map(|p| p.as_ref())
             .collect(),
+        // A pending pod's DRA-backed GPUs are read from its claims' device classes.
+        resource_claims: dra.claims.iter().map(|c| c.as_ref()).collect(),
+        device_classes: dra.classes.iter().map(|c| c.as_ref()).collect(),
         ..Default::default()
     };
     let c = ingest::build_cluster_from(objs, None);
@@ -369,11 +378,14 @@ mod tests {
         let start = crate::objects::parse_ts("2026-12-04T02:00:00Z").unwrap();
         let policy = Policy::default();
         assert_eq!(
-            pending_gpu_pods(&pods, &policy, start),
+            pending_gpu_pods(&pods, &Default::default(), &policy, start),
             1,
             "the queue it came to serve does not count"
         );
         let before = crate::objects::parse_ts("2026-12-04T00:00:00Z").unwrap();
-        assert_eq!(pending_gpu_pods(&pods, &policy, before), 2);
+        assert_eq!(
+            pending_gpu_pods(&pods, &Default::default(), &policy, before),
+            2
+        );
     }
 }

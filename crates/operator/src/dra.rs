@@ -1,0 +1,67 @@
+//! Dynamic Resource Allocation objects (`resource.k8s.io/v1`): ResourceSlices (the devices
+//! drivers publish), ResourceClaims (their allocations) and DeviceClasses, watched where
+//! the API server serves them (Kubernetes 1.34 and later). The core reads GPUs and their
+//! allocations from them ([`gpu_defrag_core::dra`]); on a cluster without DRA the stores
+//! stay empty.
+use std::sync::Arc;
+
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use kube::Client;
+
+use crate::optional::OptionalTyped;
+
+const WITHOUT: &str = "GPUs published only through DRA are not seen";
+
+/// The watched DRA objects.
+#[derive(Clone)]
+pub struct DraObjects {
+    slices: OptionalTyped<ResourceSlice>,
+    claims: OptionalTyped<ResourceClaim>,
+    classes: OptionalTyped<DeviceClass>,
+}
+
+/// The DRA objects at one instant.
+#[derive(Default)]
+pub struct DraSnapshot {
+    /// ResourceSlices.
+    pub slices: Vec<Arc<ResourceSlice>>,
+    /// ResourceClaims.
+    pub claims: Vec<Arc<ResourceClaim>>,
+    /// DeviceClasses.
+    pub classes: Vec<Arc<DeviceClass>>,
+}
+
+impl DraObjects {
+    /// Starts the three watches (each once its kind is served); `changed` is called on
+    /// every change.
+    pub async fn start(client: Client, changed: impl Fn() + Clone + Send + Sync + 'static) -> Self {
+        let slices =
+            OptionalTyped::start(client.clone(), "resourceslices", WITHOUT, changed.clone()).await;
+        let claims =
+            OptionalTyped::start(client.clone(), "resourceclaims", WITHOUT, changed.clone()).await;
+        let classes = OptionalTyped::start(client, "deviceclasses", WITHOUT, changed).await;
+        DraObjects {
+            slices,
+            claims,
+            classes,
+        }
+    }
+
+    /// Returns once every kind served at start holds its first list.
+    pub async fn wait_until_ready(&self) {
+        tokio::join!(
+            self.slices.wait_until_ready(),
+            self.claims.wait_until_ready(),
+            self.classes.wait_until_ready()
+        );
+    }
+
+    /// The objects now.
+    pub fn snapshot(&self) -> DraSnapshot {
+        DraSnapshot {
+            slices: self.slices.state(),
+            claims: self.claims.state(),
+            classes: self.classes.state(),
+        }
+    }
+}
