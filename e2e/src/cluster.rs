@@ -169,6 +169,9 @@ pub struct GpuNodes {
     pub taints: Vec<Taint>,
     /// More allocatable resources (a sharing scheme's, e.g. `koordinator.sh/gpu-core`).
     pub resources: BTreeMap<String, String>,
+    /// Whether the GPUs are an extended resource (`nvidia.com/gpu` in allocatable, a
+    /// device plugin's way); off for GPUs published only in DRA ResourceSlices.
+    pub extended_resource: bool,
 }
 
 impl GpuNodes {
@@ -186,10 +189,17 @@ impl GpuNodes {
             annotations: BTreeMap::new(),
             taints: Vec::new(),
             resources: BTreeMap::new(),
+            extended_resource: true,
         }
     }
 
     /// Adds an allocatable resource (capacity too).
+    /// GPUs published only through DRA (no `nvidia.com/gpu` in the node's allocatable).
+    pub fn dra(mut self) -> Self {
+        self.extended_resource = false;
+        self
+    }
+
     pub fn resource(mut self, name: impl Into<String>, quantity: impl Into<String>) -> Self {
         self.resources.insert(name.into(), quantity.into());
         self
@@ -255,6 +265,11 @@ impl GpuNodes {
         });
         for (k, v) in &self.resources {
             resources[k] = json!(v);
+        }
+        if !self.extended_resource
+            && let Some(r) = resources.as_object_mut()
+        {
+            r.remove(GPU_RESOURCE);
         }
         serde_json::from_value(json!({
             "apiVersion": "v1",
@@ -1271,7 +1286,9 @@ impl Drop for TestCluster {
     }
 }
 
-/// Ready=True and no `node.kubernetes.io/…` taint (not-ready, unreachable), with GPUs.
+/// Ready=True and no `node.kubernetes.io/…` taint (not-ready, unreachable), with GPUs in
+/// its allocatable — or, for a node whose GPUs are published through DRA, with the
+/// allocatable it was created with (cpu).
 pub fn node_usable(node: &Node) -> bool {
     let Some(status) = &node.status else {
         return false;
@@ -1285,10 +1302,15 @@ pub fn node_usable(node: &Node) -> bool {
         .as_ref()
         .and_then(|s| s.taints.as_ref())
         .is_some_and(|ts| ts.iter().any(|t| t.key.starts_with("node.kubernetes.io/")));
-    let gpus = status
-        .allocatable
-        .as_ref()
-        .is_some_and(|a| a.contains_key(GPU_RESOURCE));
+    let gpus = status.allocatable.as_ref().is_some_and(|a| {
+        a.contains_key(GPU_RESOURCE)
+            || (a.contains_key("cpu")
+                && node
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| l.contains_key("nvidia.com/gpu.count")))
+    });
     ready && !tainted && gpus
 }
 

@@ -27,11 +27,13 @@
 //! imports it back): `process`, `pki`, `fixtures` (building blocks: workloads, polling) →
 //! `cluster` (the control plane) → `shared` (one stack per test binary), `operator` (the
 //! operator as a process), `inpod` (a process run as its pod would: in-cluster
-//! configuration only) → `case` (a test case: namespace, policy, operator).
+//! configuration only) → `fakedra` (a fake DRA GPU driver's objects), `case` (a test case:
+//! namespace, policy, operator).
 #![forbid(unsafe_code)]
 
 pub mod case;
 pub mod cluster;
+pub mod fakedra;
 pub mod fixtures;
 pub mod inpod;
 pub mod operator;

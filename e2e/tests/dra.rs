@@ -1,0 +1,350 @@
+//! Dynamic Resource Allocation on the real control plane: GPUs published only in
+//! ResourceSlices by a fake `gpu.nvidia.com` driver ([`gpu_defrag_e2e::fakedra`]), and
+//! allocated by the real kube-scheduler (the `gpu-binpack` scheduler, which scores the
+//! DRA-backed `nvidia.com/gpu` with NodeResourcesFit MostAllocated) through the claims it
+//! makes for pods that keep asking for `nvidia.com/gpu`.
+//!
+//! - The operator's report matches the allocations the scheduler made; the DryRun plan
+//!   drains whole nodes; Enforce frees them, the 8-GPU pod starts there, and every
+//!   replacement gets a claim of its own. How many replacements landed where the plan
+//!   said is printed (`E2E-FIGURE dra`).
+//! - Pods using a named claim (one shared by two pods, one used by a single pod) are never
+//!   moved.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
+
+use gpu_defrag_e2e::{
+    case::Case,
+    fakedra::{DRIVER, dra_pool},
+    fixtures::{FAKE_IMAGE, GPU_SCHEDULER, pods, wait_for},
+    operator::{
+        Operator, PodWatch, float_at, fragment, int_at, open_window_every_minute, patch_policy,
+        pod_node, policy_status, str_at, strings_at, wait_deployments_ready, wait_status,
+    },
+    shared,
+};
+use k8s_openapi::api::{apps::v1::Deployment, core::v1::Pod, resource::v1::ResourceClaim};
+use kube::{
+    Api, Client,
+    api::{ListParams, PostParams},
+};
+use serde_json::{Value, json};
+
+const T: Duration = Duration::from_secs(120);
+
+async fn dra_case(prefix: &str, nodes: usize) -> Case {
+    let cluster = shared().await.expect("local control plane");
+    let ns = cluster.namespace(prefix).await.unwrap();
+    let client = cluster.client().unwrap();
+    let pool = dra_pool(cluster, ns.name(), nodes, 8).await.unwrap();
+    Case {
+        cluster,
+        ns,
+        client,
+        pool,
+    }
+}
+
+/// The claim that holds a pod's DRA-backed `nvidia.com/gpu` (`status.extendedResourceClaimStatus`).
+fn extended_claim(p: &Pod) -> Option<String> {
+    p.status
+        .as_ref()?
+        .extended_resource_claim_status
+        .as_ref()
+        .map(|s| s.resource_claim_name.clone())
+}
+
+/// Devices the scheduler allocated from `gpu.nvidia.com`, per pool (= node), over every
+/// claim of `ns`.
+async fn allocated(client: &Client, ns: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let claims = Api::<ResourceClaim>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for c in &claims.items {
+        let results = c
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.devices.as_ref())
+            .and_then(|d| d.results.clone())
+            .unwrap_or_default();
+        for r in results.iter().filter(|r| r.driver == DRIVER) {
+            out.entry(r.pool.clone())
+                .or_default()
+                .insert(r.device.clone());
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn dra_backed_gpus_are_measured_planned_and_freed() {
+    let c = dra_case("dra", 4).await;
+    // 32 one-GPU pods through the DRA-backed nvidia.com/gpu, packed, then half removed:
+    // 4 busy GPUs per node, no node with 8 free.
+    let infer = fragment(&c.client, c.name(), &c.pool, &[4, 4, 4, 4])
+        .await
+        .unwrap();
+    let running = pods(&c.client, c.name(), "e2e-role=infer").await.unwrap();
+    for p in &running {
+        assert!(
+            extended_claim(p).is_some(),
+            "{} has no claim for its nvidia.com/gpu: {:?}",
+            p.metadata.name.as_deref().unwrap_or(""),
+            p.status
+        );
+    }
+    let held = allocated(&c.client, c.name()).await;
+    assert_eq!(
+        held.values().map(BTreeSet::len).sum::<usize>(),
+        16,
+        "{held:?}"
+    );
+    c.pending_training_job().await;
+    c.dry_run_policy(
+        json!([{"gpus": 8, "weight": 1}, {"gpus": 1, "weight": 1}]),
+        json!({"maxEvictionsPerRun": 8, "maxEvictionsPerNode": 8,
+               "maxEvictionsPerNamespace": 20, "maxInFlight": 2}),
+    )
+    .await;
+    let _op = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
+    let st = wait_status(&c.client, c.name(), "a dry-run plan", T, |s| {
+        int_at(s, "/plan/totalMoves").unwrap_or(0) > 0
+    })
+    .await
+    .unwrap();
+
+    // The report reads the GPUs from the slices and their use from the claims.
+    assert_eq!(int_at(&st, "/fragmentation/nodes"), Some(4), "{st:#}");
+    assert_eq!(int_at(&st, "/fragmentation/gpus"), Some(32), "{st:#}");
+    assert_eq!(
+        int_at(&st, "/fragmentation/fullyFreeGpus"),
+        Some(16),
+        "{st:#}"
+    );
+    assert_eq!(int_at(&st, "/fragmentation/unknownPods"), Some(0), "{st:#}");
+    let rate_before = float_at(&st, "/fragmentation/fragmentRate").unwrap();
+    assert!(rate_before > 0.0, "{st:#}");
+    // Planned moves: pod → node, by the pod's Deployment (its replacement's app).
+    let planned: BTreeMap<String, String> = st["plan"]["moves"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let pod = m["pod"].as_str().unwrap().rsplit('/').next().unwrap();
+            let app = running
+                .iter()
+                .find(|p| p.metadata.name.as_deref() == Some(pod))
+                .and_then(|p| p.metadata.labels.as_ref()?.get("app").cloned())
+                .unwrap_or_else(|| panic!("planned pod {pod} is not one of the test's"));
+            (app, m["toNode"].as_str().unwrap().to_string())
+        })
+        .collect();
+    let old_claims: BTreeMap<String, String> = running
+        .iter()
+        .filter_map(|p| {
+            Some((
+                p.metadata.labels.as_ref()?.get("app")?.clone(),
+                extended_claim(p)?,
+            ))
+        })
+        .collect();
+
+    let watch = PodWatch::start(&c.client, c.name(), &c.pool, c.name())
+        .await
+        .unwrap();
+    patch_policy(
+        &c.client,
+        c.name(),
+        json!({"mode": "Enforce", "windows": [open_window_every_minute()]}),
+    )
+    .await
+    .unwrap();
+    let st = c.finished_run().await;
+    let run = st.pointer("/lastRuns/0").unwrap().clone();
+    assert_eq!(str_at(&run, "/result"), Some("Succeeded"), "{run:#}");
+    let evicted = int_at(&run, "/evicted").unwrap();
+    assert!(evicted > 0, "{run:#}");
+    let fenced: BTreeSet<String> = strings_at(&run, "/fencedNodes").into_iter().collect();
+    let train_node = c.training_job_running(T).await;
+    assert!(
+        fenced.contains(&train_node),
+        "the 8-GPU pod runs on {train_node}, not on a node the run emptied ({fenced:?})"
+    );
+    wait_deployments_ready(&c.client, c.name(), &infer, T)
+        .await
+        .unwrap();
+    assert_eq!(c.fenced_nodes().await, Vec::<String>::new());
+
+    // Every replacement got a claim of its own, on an unfenced node; count the landings
+    // where the plan said.
+    let seen = watch.seen();
+    assert_eq!(
+        seen.violations,
+        BTreeMap::new(),
+        "pods bound to fenced nodes"
+    );
+    let now = pods(&c.client, c.name(), "e2e-role=infer").await.unwrap();
+    let (mut as_planned, mut moved) = (0, 0);
+    for p in &now {
+        let app = p.metadata.labels.as_ref().unwrap()["app"].clone();
+        let claim = extended_claim(p).expect("a replacement without a claim");
+        if old_claims.get(&app) == Some(&claim) {
+            continue; // not moved
+        }
+        moved += 1;
+        let node = pod_node(p).unwrap_or_default().to_string();
+        assert!(!fenced.contains(&node), "{app} landed on fenced {node}");
+        if planned.get(&app) == Some(&node) {
+            as_planned += 1;
+        }
+    }
+    assert_eq!(
+        moved as i64, evicted,
+        "replacements with a new claim vs evictions"
+    );
+    // The scheduler's allocations after: the emptied nodes' devices are free but for the
+    // 8-GPU pod's, the others hold the rest.
+    let held = allocated(&c.client, c.name()).await;
+    assert_eq!(
+        held.get(&train_node).map(BTreeSet::len),
+        Some(8),
+        "{held:?}"
+    );
+    let st = wait_status(&c.client, c.name(), "a lower fragment rate", T, |s| {
+        float_at(s, "/fragmentation/fragmentRate").is_some_and(|r| r < rate_before)
+    })
+    .await
+    .unwrap();
+    eprintln!(
+        "E2E-FIGURE dra: {evicted} evictions, {} nodes freed ({fenced:?}), 8-GPU pod on {train_node}; replacements landed as planned {as_planned}/{moved}; fragment rate {rate_before:.3} -> {:.3}",
+        fenced.len(),
+        float_at(&st, "/fragmentation/fragmentRate").unwrap_or(f64::NAN),
+    );
+    c.cleanup(&[c.name()]).await;
+}
+
+/// A Deployment of one pod on the pool that uses the named claim `claim`.
+fn named_claim_deployment(c: &Case, app: &str, claim: &str) -> Deployment {
+    let mut d: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": app, "labels": {"app": app}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": app}},
+            "template": {
+                "metadata": {"labels": {"app": app}},
+                "spec": {
+                    "schedulerName": GPU_SCHEDULER,
+                    "terminationGracePeriodSeconds": 0,
+                    "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                    "containers": [{
+                        "name": "main", "image": FAKE_IMAGE,
+                        "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                                      "claims": [{"name": "gpu"}]},
+                    }],
+                },
+            },
+        },
+    }))
+    .unwrap();
+    c.pool
+        .place(d.spec.template.spec.as_mut().unwrap())
+        .unwrap();
+    d
+}
+
+#[tokio::test]
+async fn pods_using_a_named_claim_are_never_moved() {
+    let c = dra_case("dra-named", 2).await;
+    let claims = Api::<ResourceClaim>::namespaced(c.client.clone(), c.name());
+    for name in ["shared-gpu", "own-gpu"] {
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+        }))
+        .unwrap();
+        claims.create(&PostParams::default(), &claim).await.unwrap();
+    }
+    let deployments = c.deployments();
+    for (app, claim) in [
+        ("shared-a", "shared-gpu"),
+        ("shared-b", "shared-gpu"),
+        ("own", "own-gpu"),
+    ] {
+        deployments
+            .create(
+                &PostParams::default(),
+                &named_claim_deployment(&c, app, claim),
+            )
+            .await
+            .unwrap();
+    }
+    wait_deployments_ready(
+        &c.client,
+        c.name(),
+        &["shared-a".into(), "shared-b".into(), "own".into()],
+        T,
+    )
+    .await
+    .unwrap();
+    let uids_before = c.uids().await;
+    c.dry_run_policy(
+        json!([{"gpus": 8, "weight": 1}]),
+        json!({"maxEvictionsPerRun": 8, "maxEvictionsPerNode": 8}),
+    )
+    .await;
+    let _op = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
+    let st = wait_status(&c.client, c.name(), "the claim pods' skip codes", T, |s| {
+        int_at(s, "/skipped/shared-resource-claim").is_some()
+            && int_at(s, "/skipped/named-resource-claim").is_some()
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        int_at(&st, "/skipped/shared-resource-claim"),
+        Some(2),
+        "{st:#}"
+    );
+    assert_eq!(
+        int_at(&st, "/skipped/named-resource-claim"),
+        Some(1),
+        "{st:#}"
+    );
+    assert_eq!(int_at(&st, "/plan/totalMoves").unwrap_or(0), 0, "{st:#}");
+    // Enforce, with the window open: nothing is evicted.
+    patch_policy(
+        &c.client,
+        c.name(),
+        json!({"mode": "Enforce", "windows": [open_window_every_minute()]}),
+    )
+    .await
+    .unwrap();
+    wait_for("two more reconciles", T, || async {
+        let s = policy_status(&c.client, c.name()).await?;
+        Ok((str_at(&s, "/conditions/0/type").is_some()
+            && s["conditions"].as_array().is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c["type"] == "InWindow" && c["status"] == "True")
+            }))
+        .then_some(()))
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let st: Value = policy_status(&c.client, c.name()).await.unwrap();
+    assert!(
+        st["lastRuns"].as_array().is_none_or(Vec::is_empty),
+        "a run started: {st:#}"
+    );
+    assert_eq!(c.uids().await, uids_before, "a claim pod was replaced");
+    c.cleanup(&[c.name()]).await;
+}
