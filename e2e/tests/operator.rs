@@ -156,11 +156,33 @@ async fn enforce_in_open_window_makes_room_for_the_pending_8_gpu_pod() {
     let watch = PodWatch::start(&c.client, c.name(), &c.pool, c.name())
         .await
         .unwrap();
+    // The benefit gate first: a plan freeing fewer whole nodes than trigger.minNodesFreed
+    // starts no run, and the Executing condition says why.
+    let frees = int_at(&st, "/plan/expectedFullyFreeNodes").unwrap_or(0)
+        - int_at(&st, "/fragmentation/fullyFreeNodes").unwrap_or(0);
+    patch_policy(
+        &c.client,
+        c.name(),
+        json!({"mode": "Enforce", "windows": [open_window_every_minute()],
+               "trigger": {"minNodesFreed": 99}}),
+    )
+    .await
+    .unwrap();
+    let gated = wait_status(&c.client, c.name(), "the benefit gate's message", T, |s| {
+        gpu_defrag_e2e::operator::condition_parts(s, "Executing")
+            .is_some_and(|(_, _, m)| m.contains("below trigger.minNodesFreed 99"))
+    })
+    .await
+    .unwrap();
+    assert!(
+        gated["lastRuns"].as_array().is_none_or(Vec::is_empty) && gated.get("activeRun").is_none(),
+        "a run started below the gate: {gated:#}"
+    );
     let t0 = Instant::now();
     patch_policy(
         &c.client,
         c.name(),
-        json!({"mode": "Enforce", "windows": [open_window_every_minute()]}),
+        json!({"trigger": {"minNodesFreed": 1}}),
     )
     .await
     .unwrap();
@@ -244,12 +266,16 @@ async fn enforce_in_open_window_makes_room_for_the_pending_8_gpu_pod() {
         "one run only: {st:#}"
     );
     eprintln!(
-        "E2E-FIGURE enforce: window open -> 8-GPU pod Running in {:.1}s; evictions used {evicted} of {planned} planned (limit {max_run}/run, {max_node}/node); fenced nodes {}; fragment rate {rate_before:.3} -> {rate_after:.3}; {} nodes x 8 GPUs, {} one-GPU pods",
+        "E2E-FIGURE enforce: gate held the run at minNodesFreed 99 (plan frees {frees}); window open -> 8-GPU pod Running in {:.1}s; evictions used {evicted} of {planned} planned (limit {max_run}/run, {max_node}/node); fenced nodes {}; fragment rate {rate_before:.3} -> {rate_after:.3} (run record: forecast {:.3}, at run end {:.3}, result {}); {} nodes x 8 GPUs, {} one-GPU pods",
         to_running.as_secs_f64(),
         fenced.len(),
+        float_at(&run, "/expectedFragmentRateAfter").unwrap_or(f64::NAN),
+        float_at(&run, "/fragmentRateAfter").unwrap_or(f64::NAN),
+        str_at(&run, "/result").unwrap_or(""),
         c.pool.nodes.len(),
         infer.len(),
     );
+    assert!(frees >= 1, "the plan frees {frees} whole nodes: {st:#}");
     c.cleanup(&[c.name()]).await;
 }
 

@@ -215,12 +215,19 @@ pub struct Trigger {
     #[serde(default = "default_min_rate")]
     #[x_kube(validation = Rule::new("self >= 0.0 && self <= 1.0").message("minFragmentRate must be between 0 and 1"))]
     pub min_fragment_rate: f64,
+    /// Start a run only when its plan is expected to free at least this many whole nodes
+    /// (every GPU free) among the policy's nodes: an act-only-when-it-pays gate, shown in
+    /// the `Executing` condition while it holds a run back. 0 (the default): no gate.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 100000))]
+    pub min_nodes_freed: i32,
 }
 
 impl Default for Trigger {
     fn default() -> Self {
         Self {
             min_fragment_rate: default_min_rate(),
+            min_nodes_freed: 0,
         }
     }
 }
@@ -602,6 +609,10 @@ pub struct PlanSummary {
     pub expected_fragment_rate: f64,
     /// GPUs expected fully free after the whole plan.
     pub expected_fully_free_gpus: i64,
+    /// Nodes expected with every GPU free after the whole plan (what
+    /// `trigger.minNodesFreed` is held against).
+    #[serde(default)]
+    pub expected_fully_free_nodes: i64,
     /// The first moves (at most 50).
     #[serde(default)]
     pub moves: Vec<PlannedMove>,
@@ -709,7 +720,9 @@ pub struct RunRecord {
     pub window_end: String,
     /// `Running` while it lasts, then how it ended: `Succeeded` (every planned move
     /// done), `Partial` (some moves blocked, failed or bounced), `Stalled` (a replacement
-    /// was not Ready in time), `Stopped` (a safety guard), `WindowClosed`, `Aborted`.
+    /// was not Ready in time), `Stopped` (a safety guard), `WindowClosed`,
+    /// `BenefitNotRealized` (every move done, but the fragment rate fell by less than half
+    /// the forecast drop), `Aborted`.
     pub result: String,
     /// Why it ended that way.
     #[serde(default)]
@@ -749,6 +762,10 @@ pub struct RunRecord {
     pub evicted_per_node: BTreeMap<String, i64>,
     /// Fragment rate at the start.
     pub fragment_rate_before: f64,
+    /// Fragment rate the plan forecast for the end of the run (absent in records of older
+    /// versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_fragment_rate_after: Option<f64>,
     /// Fragment rate at the end.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fragment_rate_after: Option<f64>,

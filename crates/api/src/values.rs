@@ -46,6 +46,9 @@ string_enum! {
         Stopped,
         /// The window closed; moves in flight were finished.
         WindowClosed,
+        /// Every move done, but the fragment rate fell by less than half of what the plan
+        /// forecast (other pods took the freed capacity, or the forecast was wrong).
+        BenefitNotRealized,
         /// Ended without finishing: the policy became invalid or changed, leadership was
         /// lost, or the operator restarted outside the run's window.
         Aborted,

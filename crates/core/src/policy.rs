@@ -91,6 +91,8 @@ pub struct Policy {
     pub from_pending: bool,
     /// Trigger rate.
     pub min_fragment_rate: f64,
+    /// Whole nodes a plan must free for a run to start (0: no gate).
+    pub min_nodes_freed: u32,
     /// Limits.
     pub max_evictions_per_run: u32,
     /// Per node.
@@ -279,6 +281,10 @@ impl Policy {
             shapes,
             from_pending: spec.target.as_ref().is_some_and(|t| t.from_pending),
             min_fragment_rate: rate,
+            min_nodes_freed: nonneg(
+                "spec.trigger.minNodesFreed",
+                spec.trigger.as_ref().map_or(0, |t| t.min_nodes_freed),
+            )?,
             max_evictions_per_run: nonneg(
                 "spec.limits.maxEvictionsPerRun",
                 l.max_evictions_per_run,

@@ -129,6 +129,8 @@ pub enum EventReason {
     RunFinished,
     /// A run no task owned was ended.
     RunAbandoned,
+    /// A run did every move but realised less than half of the forecast drop.
+    BenefitNotRealized,
 }
 
 impl EventReason {
@@ -147,6 +149,7 @@ impl EventReason {
             EventReason::EvictionSkipped => "EvictionSkipped",
             EventReason::RunFinished => "RunFinished",
             EventReason::RunAbandoned => "RunAbandoned",
+            EventReason::BenefitNotRealized => "BenefitNotRealized",
         }
     }
 }

@@ -170,6 +170,7 @@ pub fn plan_summary(p: &Plan, now: &str) -> PlanSummary {
         batches: p.batches.len() as i64,
         expected_fragment_rate: (p.after.fragment_rate * 10_000.0).round() / 10_000.0,
         expected_fully_free_gpus: p.after.fully_free_gpus as i64,
+        expected_fully_free_nodes: p.after.fully_free_nodes as i64,
         moves: p
             .moves
             .iter()

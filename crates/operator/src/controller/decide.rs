@@ -115,12 +115,27 @@ pub struct Situation<'a> {
     pub plan: &'a Plan,
     /// The trigger (`minFragmentRate`).
     pub min_fragment_rate: f64,
+    /// The benefit gate (`trigger.minNodesFreed`; 0: none).
+    pub min_nodes_freed: u32,
 }
 
 impl Situation<'_> {
     /// Whether fragmentation reaches the trigger.
     pub fn triggered(&self) -> bool {
         self.report.fragment_rate >= self.min_fragment_rate
+    }
+
+    /// Whole nodes the plan is expected to free.
+    pub fn nodes_freed(&self) -> u64 {
+        self.plan
+            .after
+            .fully_free_nodes
+            .saturating_sub(self.plan.before.fully_free_nodes)
+    }
+
+    /// Whether the plan pays enough to run (`trigger.minNodesFreed`).
+    pub fn pays(&self) -> bool {
+        self.nodes_freed() >= u64::from(self.min_nodes_freed)
     }
 }
 
@@ -190,7 +205,7 @@ pub fn run_decision(s: &Situation, running: bool) -> RunDecision {
             },
             restarted.to_string(),
         ),
-        (None, Some(span)) if may_act && s.triggered() && !s.plan.moves.is_empty() => {
+        (None, Some(span)) if may_act && s.triggered() && s.pays() && !s.plan.moves.is_empty() => {
             // One run per window: overlapping openings (e.g. `* * * * *` with a 1h
             // duration) count as the window of the last run until it ends.
             let already = s
@@ -223,6 +238,12 @@ pub fn why_not_executing(s: &Situation) -> String {
         format!(
             "fragment rate {:.3} is below the trigger {:.3}",
             s.report.fragment_rate, s.min_fragment_rate
+        )
+    } else if !s.plan.moves.is_empty() && !s.pays() {
+        format!(
+            "the plan frees {} whole nodes, below trigger.minNodesFreed {}",
+            s.nodes_freed(),
+            s.min_nodes_freed
         )
     } else if s.plan.moves.is_empty() {
         let other_scheduler = s
@@ -714,6 +735,7 @@ mod tests {
             report,
             plan,
             min_fragment_rate: 0.0,
+            min_nodes_freed: 0,
         }
     }
 
@@ -814,6 +836,35 @@ mod tests {
             run_decision(&sit(&none, true, None, open, &one), false),
             RunDecision::Start(at("2026-12-04T03:00:00Z"))
         );
+        // The benefit gate: a plan freeing fewer whole nodes than trigger.minNodesFreed
+        // starts nothing, and the condition says why; one freeing enough starts.
+        let mut frees_one = one.clone();
+        frees_one.after.fully_free_nodes = frees_one.before.fully_free_nodes + 1;
+        for (min, plan, starts) in [
+            (1, &one, false),
+            (1, &frees_one, true),
+            (2, &frees_one, false),
+        ] {
+            let gated = Situation {
+                min_nodes_freed: min,
+                ..sit(&none, true, None, open, plan)
+            };
+            assert_eq!(
+                run_decision(&gated, false) == RunDecision::Start(at("2026-12-04T03:00:00Z")),
+                starts,
+                "minNodesFreed {min}, frees {}",
+                gated.nodes_freed()
+            );
+            if !starts {
+                assert_eq!(
+                    why_not_executing(&gated),
+                    format!(
+                        "the plan frees {} whole nodes, below trigger.minNodesFreed {min}",
+                        gated.nodes_freed()
+                    )
+                );
+            }
+        }
         for (enforce, conflict, plan) in [
             (false, None, &one),
             (true, Some("older"), &one),

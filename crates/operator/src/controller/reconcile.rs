@@ -58,6 +58,7 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
         report: &obs.report,
         plan: &obs.plan,
         min_fragment_rate: policy.min_fragment_rate,
+        min_nodes_freed: policy.min_nodes_freed,
     };
     if decide::newly_without_gpu_nodes(&s) {
         let note = decide::NO_GPU_NODES.to_string();

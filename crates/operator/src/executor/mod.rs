@@ -232,6 +232,10 @@ impl Run {
             )
             .await;
         }
+        // The forecast the outcome is held against (a resumed run keeps its own).
+        if rec.expected_fragment_rate_after.is_none() {
+            rec.expected_fragment_rate_after = Some(plan.after.fragment_rate);
+        }
         let fences = Fences::of_run(&rec, &plan);
         fences.record(&mut rec);
         let steps = plan
@@ -558,6 +562,24 @@ impl Run {
         self.ctx
             .event(&self.dp, type_, EventReason::RunFinished, note, None)
             .await;
+        if result == RunResult::BenefitNotRealized {
+            let note = format!(
+                "run {}: fragment rate {:.3} → {:.3}, forecast {:.3}",
+                self.rec.id,
+                self.rec.fragment_rate_before,
+                self.rec.fragment_rate_after.unwrap_or_default(),
+                self.rec.expected_fragment_rate_after.unwrap_or_default()
+            );
+            self.ctx
+                .event(
+                    &self.dp,
+                    EventType::Warning,
+                    EventReason::BenefitNotRealized,
+                    note,
+                    None,
+                )
+                .await;
+        }
         info!(policy = %self.name, run = %self.rec.id, result = result.as_str(), "run finished");
         Ok(())
     }

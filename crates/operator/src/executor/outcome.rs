@@ -106,8 +106,35 @@ pub fn result_of(stop: Option<&Stop>, rec: &RunRecord) -> (RunResult, String) {
             RunResult::Partial,
             "some moves were blocked, failed, bounced or skipped".to_string(),
         ),
-        None => (RunResult::Succeeded, "every planned move done".to_string()),
+        None => match shortfall(rec) {
+            Some((forecast, realised)) => (
+                RunResult::BenefitNotRealized,
+                format!(
+                    "every planned move done, but the fragment rate fell by {:.1} points where \
+                     the plan forecast {:.1}",
+                    realised * 100.0,
+                    forecast * 100.0
+                ),
+            ),
+            None => (RunResult::Succeeded, "every planned move done".to_string()),
+        },
     }
+}
+
+/// Forecast drops smaller than this are noise: no shortfall is reported for them.
+pub const MIN_FORECAST_DROP: f64 = 0.01;
+/// A run realised its benefit when the fragment rate fell by at least this share of the
+/// forecast drop.
+pub const REALISED_SHARE: f64 = 0.5;
+
+/// `(forecast drop, realised drop)` of the fragment rate when the run fell short of its
+/// forecast by more than the margin ([`REALISED_SHARE`]); `None` when it did not, or when
+/// there is no forecast to hold it against.
+pub fn shortfall(rec: &RunRecord) -> Option<(f64, f64)> {
+    let forecast = rec.fragment_rate_before - rec.expected_fragment_rate_after?;
+    let realised = rec.fragment_rate_before - rec.fragment_rate_after?;
+    (forecast >= MIN_FORECAST_DROP && realised < REALISED_SHARE * forecast)
+        .then_some((forecast, realised))
 }
 
 /// The message of a finished run: why it ended (and why its plan was cut), its counts, and
@@ -211,6 +238,47 @@ mod tests {
                 rec.evicted
             );
         }
+    }
+
+    #[test]
+    fn a_run_that_fell_short_of_its_forecast_says_so() {
+        let run = |before: f64, forecast: Option<f64>, after: f64| RunRecord {
+            fragment_rate_before: before,
+            expected_fragment_rate_after: forecast,
+            fragment_rate_after: Some(after),
+            ..Default::default()
+        };
+        // Forecast 0.50 → 0.10 (40 points): 0.25 realises 25 points (> half), 0.35 only 15.
+        assert_eq!(
+            result_of(None, &run(0.5, Some(0.1), 0.25)).0,
+            RunResult::Succeeded
+        );
+        let (r, why) = result_of(None, &run(0.5, Some(0.1), 0.35));
+        assert_eq!(r, RunResult::BenefitNotRealized);
+        assert!(
+            why.contains("15.0 points where the plan forecast 40.0"),
+            "{why}"
+        );
+        // Worse than before: short too.
+        assert_eq!(
+            result_of(None, &run(0.5, Some(0.1), 0.6)).0,
+            RunResult::BenefitNotRealized
+        );
+        // No forecast (a record of an older version), or a negligible one: no verdict.
+        assert_eq!(
+            result_of(None, &run(0.5, None, 0.5)).0,
+            RunResult::Succeeded
+        );
+        assert_eq!(
+            result_of(None, &run(0.5, Some(0.495), 0.5)).0,
+            RunResult::Succeeded
+        );
+        // A run that stopped or was partial keeps that result.
+        let partial = RunRecord {
+            blocked: 1,
+            ..run(0.5, Some(0.1), 0.5)
+        };
+        assert_eq!(result_of(None, &partial).0, RunResult::Partial);
     }
 
     #[test]
