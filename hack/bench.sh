@@ -45,13 +45,14 @@ fi
 # Churn replay over days (crates/sim/src/replay.rs): every planner on the same arrivals.
 REPLAY_SEEDS=${REPLAY_SEEDS:-11,12,13,14,15}
 REPLAY_WORKLOADS=${REPLAY_WORKLOADS:-default,multigpu30}
-REPLAY_CMD="gpu-defrag-sim replay --trace $TRACE --workload $REPLAY_WORKLOADS --seed $REPLAY_SEEDS --days 14 --load 0.9 --window '0 2 * * *' --window-hours 3 --budget 0.05 -o markdown"
+REPLAY_PLOT=docs/replay.png
+REPLAY_CMD="gpu-defrag-sim replay --trace $TRACE --workload $REPLAY_WORKLOADS --seed $REPLAY_SEEDS --days 14 --load 0.9 --window '0 2 * * *' --window-hours 3 --budget 0.05 -o markdown --plot $REPLAY_PLOT"
 if [[ $HAVE_TRACE == 1 ]]; then
   echo "churn replay: $REPLAY_WORKLOADS × seeds $REPLAY_SEEDS, 14 days…" >&2
   REPLAY_T0=$SECONDS
   "$BIN" replay --trace "$TRACE" --workload "$REPLAY_WORKLOADS" --seed "$REPLAY_SEEDS" \
     --days 14 --load 0.9 --window "0 2 * * *" --window-hours 3 --budget 0.05 \
-    -o markdown --json "$TMP/replay.json" >"$TMP/replay.md"
+    -o markdown --json "$TMP/replay.json" --plot "$REPLAY_PLOT" >"$TMP/replay.md"
   REPLAY_WALL=$((SECONDS - REPLAY_T0))
   REPLAY_CPU=$(jq '[.results[].cpuSeconds] | add' "$TMP/replay.json")
   REPLAY_RUNS=$(jq '[.results[] | {workload, seed}] | unique | length' "$TMP/replay.json")
@@ -243,14 +244,24 @@ How a replay runs (crates/sim/src/replay.rs):
   pods), no descheduler.
 - **Windows**: `0 2 * * *` for 3 h; the descheduler runs once per window opening, at its
   start, with a budget of 5% of the running GPU pods. Evicted pods are replaced at once
-  (same remaining lifetime, back in the queue); scheduling and evictions take no time,
-  so disruption is the replacement's time in the queue. gpu-defrag runs with the
-  default policy and the budget as `maxEvictionsPerRun` (the per-namespace limit lifted
-  to it, the trace having one namespace; `evictSingleReplicas`, each trace task being
-  its own workload); its fences hold while the queue is served right after its
-  evictions. Its default `maxPendingGpuPods: 5` keeps a run from starting while more
-  GPU pods are pending (`runsSkipped` in the JSON); `gpu-defrag-unguarded` lifts it;
-  `gpu-defrag-8gpu` lifts it and adds an 8-GPU target shape of weight 0.1.
+  (same remaining lifetime, back in the queue); scheduling takes no time, so disruption
+  is the replacement's time in the queue. `high-node-utilization` and
+  `fgd-descheduler` evict their whole choice at once (the descheduler does), then the
+  queue is served. gpu-defrag runs with the default policy and the budget as
+  `maxEvictionsPerRun` (the per-namespace limit lifted to it, the trace having one
+  namespace; `evictSingleReplicas`, each trace task being its own workload), and its
+  run follows the executor's protocol over simulated time: its fences (drained nodes,
+  single GPUs where the node can fence them) hold from the start of the run to its end,
+  for every pod the scheduler places meanwhile; one eviction at a time
+  (`maxInFlight: 1`), the next once the replacement is Ready, 30 s after it is bound
+  (`--ready-seconds`); before each eviction the run stops when the window has ended,
+  when a replacement has not been Ready for `rescheduleTimeout` (10 min: stalled), or
+  when more GPU pods **created since the run started** (its replacements, arrivals
+  during the run) are pending than `maxPendingGpuPods: 5` plus the replacements in
+  flight — the queue that was there before does not count (`runsEnded` in the JSON).
+  A planned pod that ended meanwhile is passed over. `gpu-defrag-unguarded` lifts
+  `maxPendingGpuPods`; `gpu-defrag-8gpu` lifts it and adds an 8-GPU target shape of
+  weight 0.1.
 - `oracle`: at each window start every running pod is placed again from scratch
   (largest first, best fit: the node left with least free GPU; for free), then the
   queue is served: what a good repacking at window time reaches with this scheduler
@@ -260,6 +271,12 @@ How a replay runs (crates/sim/src/replay.rs):
   → running) per class, pods still queued at the end counting with their wait so far
   (– : no pod of the class); pods queued at the end; evictions; mean disruption
   (eviction → replacement running).
+
+![Allocation ratio and 8-GPU queue over 14 days, every planner](replay.png)
+
+The picture (`--plot docs/replay.png`: the first workload and seed of the command,
+`default` seed 11; allocation ratio averaged over 30 min, 8-GPU pods queued every
+30 min; day 1 shaded, not measured) shows one run of each planner on the same arrivals.
 REPLAY
     cat "$TMP/replay.md"
     cat <<'REPLAYFINDINGS'
