@@ -19,10 +19,15 @@
 //!   ties: MostAllocated, then node order).
 //! - **Windows**: the descheduler runs once per window opening (at its start), with a
 //!   budget of `budget` · running GPU pods evictions. Evicted pods are replaced at once
-//!   (their replacement enters the queue with the remaining lifetime). gpu-defrag's
-//!   fences (drained nodes, and single GPUs where the node can fence them) hold while
-//!   the queue is served right after its evictions, then are lifted: its replacements
-//!   never land back on what it drained. Scheduling and evictions take no time.
+//!   (their replacement enters the queue with the remaining lifetime); scheduling takes
+//!   no time. The baselines evict their whole choice at once. gpu-defrag's run follows
+//!   the executor over simulated time ([`step_run`]): its fences (drained nodes, and
+//!   single GPUs where the node can fence them) hold from its start to its end; one
+//!   eviction at a time (`maxInFlight`), the next once the replacement is Ready
+//!   (`ready_seconds` after it is bound); before each eviction the run stops at the
+//!   window's end, on a replacement not Ready within `rescheduleTimeout`, or when more
+//!   GPU pods created since the run started are pending than `maxPendingGpuPods` plus
+//!   the replacements in flight.
 //! - `oracle`: at each window start every running pod is placed again from scratch,
 //!   largest first on the node it leaves with the least free GPU (best fit decreasing),
 //!   for free (no eviction counted), then the queue is served in order: a reference for
@@ -54,8 +59,7 @@ use crate::scenario;
 use crate::trace::{self, Trace};
 
 /// Planners in report order. `gpu-defrag-unguarded` is gpu-defrag with
-/// `maxPendingGpuPods` lifted (the default 5 keeps most runs from starting when the
-/// queue holds big pods); `gpu-defrag-8gpu` is that plus an 8-GPU target shape of weight
+/// `maxPendingGpuPods` lifted; `gpu-defrag-8gpu` is that plus an 8-GPU target shape of weight
 /// [`bench::WHOLE_NODE_SHAPE_WEIGHT`] (the policy a user who wants whole nodes writes).
 pub const PLANNERS: [&str; 8] = [
     "none",
