@@ -432,7 +432,19 @@ pub struct ObjectRefs<'a> {
 
 /// [`build_cluster`] from borrowed objects (the operator's caches: a copy of 6,000 pods per
 /// reconcile would double its memory).
-pub fn build_cluster_from(objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) -> Cluster {
+pub fn build_cluster_from(mut objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) -> Cluster {
+    // The model's pods are in (namespace, name) order: the references are put in that
+    // order (a stable sort, as sorting the built pods was), not the built pods, which are
+    // large to move (a watch cache gives its objects in hash order).
+    fn meta_key(p: &corev1::Pod) -> (&str, &str) {
+        (
+            p.metadata.namespace.as_deref().unwrap_or_default(),
+            p.metadata.name.as_deref().unwrap_or_default(),
+        )
+    }
+    if !objs.pods.is_sorted_by(|a, b| meta_key(a) <= meta_key(b)) {
+        objs.pods.sort_by(|a, b| meta_key(a).cmp(&meta_key(b)));
+    }
     // Koordinator Device objects by node name.
     let mut koord: HashMap<String, Result<Vec<formats::KoordDevice>, FormatError>> = HashMap::new();
     for d in objs.devices {

@@ -553,6 +553,17 @@ pub struct Pdb {
     pub stale: bool,
 }
 
+impl Pdb {
+    /// Whether the PDB covers `pod`: same namespace, and its selector (not null) matches.
+    pub fn covers(&self, pod: &Pod) -> bool {
+        self.namespace == pod.namespace
+            && self
+                .selector
+                .as_ref()
+                .is_some_and(|s| s.matches(&pod.labels))
+    }
+}
+
 /// A label selector (matchLabels + matchExpressions).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LabelSelector {

@@ -448,10 +448,8 @@ impl Plan {
     }
 }
 
-/// Whether a pod may be moved at all (independent of the plan), or why not. The
-/// workload rules that need the whole cluster's live state (`workload-unavailable`,
-/// `last-ready-replica`) are [`workload_allows`].
-pub fn movable(
+/// [`movable`] but its PDB rules ([`pdb_rules`]).
+fn movable_but_pdbs(
     pod: &Pod,
     cluster: &Cluster,
     policy: &Policy,
@@ -586,17 +584,90 @@ pub fn movable(
     if history.evicted.contains(&pod.key()) {
         return Err(Skip::AlreadyMoved);
     }
-    let mut pdbs = cluster.pdbs.iter().filter(|b| {
-        b.namespace == pod.namespace && b.selector.as_ref().is_some_and(|s| s.matches(&pod.labels))
-    });
-    let pdb = pdbs.next();
-    if pdbs.next().is_some() {
+    Ok(())
+}
+
+/// The PDB rules of [`movable`], given the indices of the PDBs covering the pod (in
+/// order; two are enough): more than one, or a stale one, and it stays.
+fn pdb_rules(cluster: &Cluster, covering: &[usize]) -> Result<(), Skip> {
+    if covering.len() > 1 {
         return Err(Skip::MultiplePdbs);
     }
-    if pdb.is_some_and(|b| b.stale) {
+    if covering.first().is_some_and(|&b| cluster.pdbs[b].stale) {
         return Err(Skip::PdbStale);
     }
     Ok(())
+}
+
+/// The PDBs that may cover a pod, found without a scan of every PDB: by namespace, then
+/// by one `matchLabels` pair of the selector (a pod it covers carries that label); PDBs
+/// whose selector has no `matchLabels` are checked for every pod of their namespace.
+/// [`PdbIndex::covering`] gives exactly the PDBs a scan would, in the same order.
+pub struct PdbIndex<'a> {
+    by_ns: HashMap<&'a str, NsPdbs<'a>>,
+}
+
+#[derive(Default)]
+struct NsPdbs<'a> {
+    by_label: HashMap<(&'a str, &'a str), Vec<usize>>,
+    other: Vec<usize>,
+}
+
+impl<'a> PdbIndex<'a> {
+    /// The index of `pdbs`.
+    pub fn of(pdbs: &'a [Pdb]) -> Self {
+        let mut by_ns: HashMap<&str, NsPdbs> = HashMap::new();
+        for (i, b) in pdbs.iter().enumerate() {
+            // A null selector covers nothing.
+            let Some(sel) = &b.selector else { continue };
+            let ns = by_ns.entry(b.namespace.as_str()).or_default();
+            match sel.match_labels.iter().next() {
+                Some((k, v)) => ns
+                    .by_label
+                    .entry((k.as_str(), v.as_str()))
+                    .or_default()
+                    .push(i),
+                None => ns.other.push(i),
+            }
+        }
+        PdbIndex { by_ns }
+    }
+
+    /// Indices of the PDBs covering `pod`, in order.
+    pub fn covering(&self, pdbs: &[Pdb], pod: &Pod) -> Vec<usize> {
+        let Some(ns) = self.by_ns.get(pod.namespace.as_str()) else {
+            return Vec::new();
+        };
+        let mut out: Vec<usize> = ns.other.clone();
+        if !ns.by_label.is_empty() {
+            for (k, v) in &pod.labels {
+                if let Some(v) = ns.by_label.get(&(k.as_str(), v.as_str())) {
+                    out.extend_from_slice(v);
+                }
+            }
+        }
+        out.retain(|&i| pdbs[i].covers(pod));
+        out.sort_unstable();
+        out
+    }
+}
+
+/// Whether a pod may be moved at all (independent of the plan), or why not. The
+/// workload rules that need the whole cluster's live state (`workload-unavailable`,
+/// `last-ready-replica`) are [`workload_allows`].
+pub fn movable(
+    pod: &Pod,
+    cluster: &Cluster,
+    policy: &Policy,
+    now: Option<DateTime<Utc>>,
+    history: &History,
+) -> Result<(), Skip> {
+    movable_but_pdbs(pod, cluster, policy, now, history)?;
+    let covering: Vec<usize> = (0..cluster.pdbs.len())
+        .filter(|&i| cluster.pdbs[i].covers(pod))
+        .take(2)
+        .collect();
+    pdb_rules(cluster, &covering)
 }
 
 /// The workload rules, from live state: a workload with `maxUnavailablePerWorkload`
@@ -1332,16 +1403,16 @@ pub fn plan_with_activity(
     let mut skipped: BTreeMap<String, u64> = BTreeMap::new();
     let mut skipped_pods = Vec::new();
     let workloads = Workloads::of(cluster);
+    let pdb_index = PdbIndex::of(&cluster.pdbs);
     let mut ok = vec![false; cluster.pods.len()];
     for (i, p) in cluster.pods.iter().enumerate() {
         if !(p.is_active_bound() && p.node.is_some() && (p.held_milli() > 0 || p.is_unknown())) {
             continue;
         }
-        let r = movable(p, cluster, policy, now, history).and_then(|()| {
-            let b = cluster.pdbs.iter().position(|b| {
-                b.namespace == p.namespace
-                    && b.selector.as_ref().is_some_and(|s| s.matches(&p.labels))
-            });
+        let r = movable_but_pdbs(p, cluster, policy, now, history).and_then(|()| {
+            let covering = pdb_index.covering(&cluster.pdbs, p);
+            pdb_rules(cluster, &covering)?;
+            let b = covering.first().copied();
             pod_pdb[i] = b;
             match b {
                 Some(b) if pdb_left[b] <= 0 => Err(Skip::PdbExhausted),
@@ -1631,4 +1702,72 @@ pub fn apply(cluster: &Cluster, plan: &Plan) -> Cluster {
         pod.gpu = new_use;
     }
     c
+}
+
+#[cfg(test)]
+mod pdb_index_tests {
+    use super::*;
+
+    /// The index gives exactly the PDBs a scan of every PDB gives, in the same order.
+    #[test]
+    fn the_pdb_index_agrees_with_the_scan() {
+        let sel = |labels: &[(&str, &str)], exprs: &[(&str, &str, &[&str])]| LabelSelector {
+            match_labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            match_expressions: exprs
+                .iter()
+                .map(|(k, op, vs)| {
+                    (
+                        k.to_string(),
+                        op.to_string(),
+                        vs.iter().map(|v| v.to_string()).collect(),
+                    )
+                })
+                .collect(),
+        };
+        let pdb = |ns: &str, s: Option<LabelSelector>| Pdb {
+            namespace: ns.into(),
+            name: format!("b-{ns}"),
+            selector: s,
+            disruptions_allowed: 1,
+            stale: false,
+        };
+        let pdbs = vec![
+            pdb("a", Some(sel(&[("app", "x")], &[]))),
+            pdb("a", Some(sel(&[("app", "x"), ("tier", "1")], &[]))),
+            pdb("a", Some(sel(&[], &[("app", "In", &["x", "y"])]))),
+            pdb("a", Some(sel(&[], &[]))),
+            pdb("a", None),
+            pdb("b", Some(sel(&[("app", "x")], &[]))),
+            pdb(
+                "b",
+                Some(sel(&[("tier", "1")], &[("app", "NotIn", &["y"])])),
+            ),
+            pdb("a", Some(sel(&[("app", "y")], &[]))),
+        ];
+        let idx = PdbIndex::of(&pdbs);
+        for ns in ["a", "b", "c"] {
+            for app in [None, Some("x"), Some("y"), Some("z")] {
+                for tier in [None, Some("1"), Some("2")] {
+                    let mut labels = BTreeMap::new();
+                    if let Some(a) = app {
+                        labels.insert("app".to_string(), a.to_string());
+                    }
+                    if let Some(t) = tier {
+                        labels.insert("tier".to_string(), t.to_string());
+                    }
+                    let pod = Pod {
+                        namespace: ns.into(),
+                        labels,
+                        ..Default::default()
+                    };
+                    let scan: Vec<usize> =
+                        (0..pdbs.len()).filter(|&i| pdbs[i].covers(&pod)).collect();
+                    assert_eq!(idx.covering(&pdbs, &pod), scan, "{ns} {app:?} {tier:?}");
+                }
+            }
+        }
+    }
 }

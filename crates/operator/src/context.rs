@@ -265,6 +265,29 @@ pub struct Observed {
     pub plan: Plan,
 }
 
+impl Observed {
+    /// The fragmentation and plan of a cluster model under `policy`, with what `run`
+    /// already did and the GPU `activity` (what [`Ctx::observe`] computes once the model
+    /// is built; `examples/reconcile_cost.rs` measures it at scale).
+    pub fn of(
+        cluster: Cluster,
+        policy: &Policy,
+        run: Option<&RunRecord>,
+        now: DateTime<Utc>,
+        activity: &Activity,
+    ) -> Observed {
+        let report = frag::report(&cluster, policy);
+        let history = history_of(run);
+        let plan = plan::plan_with_activity(&cluster, policy, Some(now), &history, activity);
+        Observed {
+            now,
+            cluster,
+            report,
+            plan,
+        }
+    }
+}
+
 impl Ctx {
     /// The cluster model of the stores' current objects, built without copying them.
     pub fn cluster(&self, now: Option<DateTime<Utc>>) -> Cluster {
@@ -300,18 +323,10 @@ impl Ctx {
         now: DateTime<Utc>,
     ) -> Observed {
         let cluster = self.cluster(Some(now));
-        let report = frag::report(&cluster, policy);
-        let history = history_of(run);
         let measured = self.idle_measured();
         let no_activity = Activity::default();
         let activity = measured.as_ref().map_or(&no_activity, |m| &m.activity);
-        let plan = plan::plan_with_activity(&cluster, policy, Some(now), &history, activity);
-        Observed {
-            now,
-            cluster,
-            report,
-            plan,
-        }
+        Observed::of(cluster, policy, run, now, activity)
     }
 
     /// The last good GPU activity answer, if `--prometheus-url` is set and Prometheus gave

@@ -9,6 +9,7 @@ use gpu_defrag_core::{frag, ingest, policy::Policy, snapshot};
 mod bench;
 mod cputime;
 mod matrix;
+mod plot;
 mod replay;
 mod scale;
 mod scenario;
@@ -187,10 +188,19 @@ enum Cmd {
         /// HighNodeUtilization `nvidia.com/gpu` threshold, percent.
         #[arg(long, default_value_t = 50.0)]
         hnu_threshold: f64,
-        /// gpu-defrag's `safety.maxPendingGpuPods` (policy default 5): no run starts
-        /// while more GPU pods are pending.
+        /// gpu-defrag's `safety.maxPendingGpuPods` (policy default 5): a run stops before
+        /// its next eviction when more GPU pods created since it started are pending,
+        /// beyond its replacements in flight.
         #[arg(long, default_value_t = 5)]
         max_pending_gpu_pods: u32,
+        /// gpu-defrag: seconds from a replacement's binding to its being Ready (with
+        /// `maxInFlight: 1`, the time per eviction of a run).
+        #[arg(long, default_value_t = 30.0)]
+        ready_seconds: f64,
+        /// Draw allocation ratio and the 8-GPU queue over time for every planner of the
+        /// first workload and seed into this PNG file.
+        #[arg(long)]
+        plot: Option<PathBuf>,
         /// Planners (comma-separated; default: all).
         #[arg(long, value_delimiter = ',')]
         planners: Vec<String>,
@@ -307,6 +317,8 @@ fn main() -> anyhow::Result<()> {
             max_lifetime_hours,
             hnu_threshold,
             max_pending_gpu_pods,
+            ready_seconds,
+            plot,
             planners,
             output,
             json,
@@ -327,8 +339,10 @@ fn main() -> anyhow::Result<()> {
                     max_lifetime_hours,
                     hnu_threshold,
                     max_pending_gpu_pods,
+                    ready_seconds,
                 },
                 planners,
+                plot,
             })?;
             if let Some(f) = json {
                 std::fs::write(f, serde_json::to_string_pretty(&out)?)?;

@@ -19,10 +19,15 @@
 //!   ties: MostAllocated, then node order).
 //! - **Windows**: the descheduler runs once per window opening (at its start), with a
 //!   budget of `budget` · running GPU pods evictions. Evicted pods are replaced at once
-//!   (their replacement enters the queue with the remaining lifetime). gpu-defrag's
-//!   fences (drained nodes, and single GPUs where the node can fence them) hold while
-//!   the queue is served right after its evictions, then are lifted: its replacements
-//!   never land back on what it drained. Scheduling and evictions take no time.
+//!   (their replacement enters the queue with the remaining lifetime); scheduling takes
+//!   no time. The baselines evict their whole choice at once. gpu-defrag's run follows
+//!   the executor over simulated time ([`step_run`]): its fences (drained nodes, and
+//!   single GPUs where the node can fence them) hold from its start to its end; one
+//!   eviction at a time (`maxInFlight`), the next once the replacement is Ready
+//!   (`ready_seconds` after it is bound); before each eviction the run stops at the
+//!   window's end, on a replacement not Ready within `rescheduleTimeout`, or when more
+//!   GPU pods created since the run started are pending than `maxPendingGpuPods` plus
+//!   the replacements in flight.
 //! - `oracle`: at each window start every running pod is placed again from scratch,
 //!   largest first on the node it leaves with the least free GPU (best fit decreasing),
 //!   for free (no eviction counted), then the queue is served in order: a reference for
@@ -54,8 +59,7 @@ use crate::scenario;
 use crate::trace::{self, Trace};
 
 /// Planners in report order. `gpu-defrag-unguarded` is gpu-defrag with
-/// `maxPendingGpuPods` lifted (the default 5 keeps most runs from starting when the
-/// queue holds big pods); `gpu-defrag-8gpu` is that plus an 8-GPU target shape of weight
+/// `maxPendingGpuPods` lifted; `gpu-defrag-8gpu` is that plus an 8-GPU target shape of weight
 /// [`bench::WHOLE_NODE_SHAPE_WEIGHT`] (the policy a user who wants whole nodes writes).
 pub const PLANNERS: [&str; 8] = [
     "none",
@@ -120,8 +124,13 @@ pub struct Params {
     pub max_lifetime_hours: f64,
     /// HighNodeUtilization threshold, percent.
     pub hnu_threshold: f64,
-    /// gpu-defrag: `safety.maxPendingGpuPods` (the run does not start above it).
+    /// gpu-defrag: `safety.maxPendingGpuPods` (the run stops before its next eviction
+    /// when more GPU pods created since it started are pending, beyond the replacements
+    /// in flight).
     pub max_pending_gpu_pods: u32,
+    /// gpu-defrag: seconds from a replacement's binding to its being Ready (the pace of
+    /// a run: with `maxInFlight: 1` one eviction per replacement Ready).
+    pub ready_seconds: f64,
 }
 
 /// One pod shape of the workload.
@@ -276,15 +285,6 @@ impl NodeS {
     fn free_total(&self) -> u64 {
         self.free[..self.gpus].iter().map(|&f| u64::from(f)).sum()
     }
-    fn whole_free(&self) -> usize {
-        self.free[..self.gpus]
-            .iter()
-            .filter(|&&f| f == GPU_MILLI)
-            .count()
-    }
-    fn max_free(&self) -> u32 {
-        self.free[..self.gpus].iter().copied().max().unwrap_or(0)
-    }
 }
 
 /// Best-fit devices on free milli per GPU (the `sched::pick_devices` rule): for a
@@ -367,9 +367,59 @@ enum Placer {
     Fgd,
 }
 
+#[derive(Clone)]
 struct Fences {
     node: Vec<bool>,
     gpu: Vec<u8>,
+}
+
+/// Why a gpu-defrag run ended (the operator's run results and stop reasons).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RunEnd {
+    /// Every planned eviction was sent and every replacement is Ready.
+    Succeeded,
+    /// `maxPendingGpuPods`: more GPU pods created since the run started are pending than
+    /// the limit plus the replacements in flight.
+    Pending,
+    /// A replacement was not Ready within `rescheduleTimeout`.
+    Stalled,
+    /// The window ended.
+    WindowClosed,
+}
+
+impl RunEnd {
+    fn key(self) -> &'static str {
+        match self {
+            RunEnd::Succeeded => "succeeded",
+            RunEnd::Pending => "pending",
+            RunEnd::Stalled => "stalled",
+            RunEnd::WindowClosed => "window-closed",
+        }
+    }
+}
+
+/// A gpu-defrag run in progress: the executor's protocol over simulated time. One
+/// eviction at a time while fewer than `maxInFlight` replacements are not Ready; a
+/// replacement is Ready `ready_seconds` after it is bound; the guards (window,
+/// `maxPendingGpuPods`, `rescheduleTimeout`) are checked before each eviction; the
+/// fences hold until the run ends.
+#[derive(Clone)]
+struct RunState {
+    /// The queue's sequence number when the run started: pods queued after it were
+    /// created since (replacements, arrivals).
+    start_seq: u64,
+    window_end: f64,
+    /// Planned evictions in plan order: (pod, its node then, its epoch then).
+    moves: Vec<(usize, u32, u32)>,
+    next: usize,
+    /// Evictions whose replacement is not Ready yet: (evicted pod = its replacement,
+    /// evicted at).
+    open: Vec<(usize, f64)>,
+    next_step: f64,
+    max_in_flight: usize,
+    max_pending: usize,
+    reschedule_timeout: f64,
+    ready_seconds: f64,
 }
 
 #[derive(Clone)]
@@ -387,6 +437,10 @@ struct Sim<'a> {
     heap: BinaryHeap<Reverse<(u64, usize, u32)>>,
     placer: Placer,
     fgd_shapes: Vec<TargetShape>,
+    /// Fences in force (a gpu-defrag run): the scheduler skips them.
+    fences: Option<Fences>,
+    /// The gpu-defrag run in progress.
+    run: Option<RunState>,
     capacity: u64,
     alloc: u64,
     // measures
@@ -399,6 +453,11 @@ struct Sim<'a> {
     displaced: usize,
     runs: usize,
     runs_skipped: BTreeMap<String, usize>,
+    runs_ended: BTreeMap<String, usize>,
+    /// Allocated milli integrated from time 0 (for the time series).
+    alloc_integral_all: f64,
+    /// `alloc_integral_all` at the last sample.
+    sample_integral: f64,
 }
 
 fn bucket_of(t: &Tpl) -> usize {
@@ -433,6 +492,8 @@ impl<'a> Sim<'a> {
             heap: BinaryHeap::new(),
             placer,
             fgd_shapes: shapes,
+            fences: None,
+            run: None,
             capacity,
             alloc: 0,
             t_prev: 0.0,
@@ -444,6 +505,9 @@ impl<'a> Sim<'a> {
             displaced: 0,
             runs: 0,
             runs_skipped: BTreeMap::new(),
+            runs_ended: BTreeMap::new(),
+            alloc_integral_all: 0.0,
+            sample_integral: 0.0,
         }
     }
 
@@ -451,6 +515,9 @@ impl<'a> Sim<'a> {
         let from = self.t_prev.max(self.warmup);
         if t > from {
             self.alloc_integral += self.alloc as f64 * (t - from);
+        }
+        if t > self.t_prev {
+            self.alloc_integral_all += self.alloc as f64 * (t - self.t_prev);
         }
         self.t_prev = t;
     }
@@ -535,12 +602,51 @@ impl<'a> Sim<'a> {
         self.queue.iter().map(BTreeMap::len).sum()
     }
 
-    /// Where the scheduler puts pod `pi` (fences: none, or nodes/GPUs to skip).
-    fn target(&self, pi: usize, fences: Option<&Fences>) -> Option<(usize, u8)> {
+    /// Appends the point of the interval ending at `t` (state before the events at `t`).
+    fn sample(&mut self, t: f64, every: f64, series: &mut Vec<Sample>) {
+        self.advance(t);
+        let prev = series.last().map_or(0.0, |s: &Sample| s.t);
+        let integral_prev = self.sample_integral;
+        self.sample_integral = self.alloc_integral_all;
+        series.push(Sample {
+            t,
+            allocation_ratio: (self.alloc_integral_all - integral_prev)
+                / (t - prev).max(every * 1e-9)
+                / self.capacity.max(1) as f64,
+            queued_8gpu: self.queue[5..].iter().map(BTreeMap::len).sum(),
+        });
+    }
+
+    /// Where the scheduler puts pod `pi` (the fences in force are skipped).
+    fn target(&self, pi: usize) -> Option<(usize, u8)> {
         let t = &self.tpl[self.pods[pi].tpl as usize];
-        if self.placer == Placer::BinPack && fences.is_none() {
-            return self.target_indexed(t);
+        if self.placer == Placer::BinPack {
+            return self.target_indexed(t, self.fences.as_ref());
         }
+        self.target_scan(pi, self.fences.as_ref())
+    }
+
+    /// Free milli per GPU of node `n` as the scheduler sees it (fenced GPUs: none).
+    fn free_seen(&self, n: usize) -> [u32; 8] {
+        let node = &self.nodes[n];
+        let mut free = node.free;
+        if let Some(f) = &self.fences {
+            if f.node[n] {
+                return [0; 8];
+            }
+            for (g, x) in free.iter_mut().enumerate().take(node.gpus) {
+                if f.gpu[n] & (1 << g) != 0 {
+                    *x = 0;
+                }
+            }
+        }
+        free
+    }
+
+    /// [`Sim::target`] by a scan of every node (FGD's scoring; the reference the
+    /// index is tested against).
+    fn target_scan(&self, pi: usize, fences: Option<&Fences>) -> Option<(usize, u8)> {
+        let t = &self.tpl[self.pods[pi].tpl as usize];
         let mut best: Option<(f64, u64, usize, u8)> = None; // (Δfrag, -, node, devs)
         for (n, node) in self.nodes.iter().enumerate() {
             if !node_ok(node, t) || node.free_total() < t.demand {
@@ -608,7 +714,9 @@ impl<'a> Sim<'a> {
 
     /// Bin-packing through the index: per group (same size, same model) the first node
     /// in free-milli order that fits is the group's best; the best group wins.
-    fn target_indexed(&self, t: &Tpl) -> Option<(usize, u8)> {
+    /// Fenced nodes are passed over; fenced GPUs count as full for the device pick (the
+    /// score is the node's, as the scan has it).
+    fn target_indexed(&self, t: &Tpl, fences: Option<&Fences>) -> Option<(usize, u8)> {
         let mut best: Option<(u64, usize, u8)> = None;
         for g in 0..self.index.len() {
             if self.group_gpus[g] < t.gpus as usize
@@ -625,7 +733,21 @@ impl<'a> Sim<'a> {
                 if !node_ok(node, t) {
                     continue;
                 }
-                if let Some(d) = pick(&node.free[..node.gpus], t.gpus, t.milli) {
+                let mut free = node.free;
+                if let Some(f) = fences {
+                    if f.node[n as usize] {
+                        continue;
+                    }
+                    let m = f.gpu[n as usize];
+                    if m != 0 {
+                        for (g, x) in free.iter_mut().enumerate().take(node.gpus) {
+                            if m & (1 << g) != 0 {
+                                *x = 0;
+                            }
+                        }
+                    }
+                }
+                if let Some(d) = pick(&free[..node.gpus], t.gpus, t.milli) {
                     best = Some((score, n as usize, d));
                     break;
                 }
@@ -634,8 +756,8 @@ impl<'a> Sim<'a> {
         best.map(|(_, n, d)| (n, d))
     }
 
-    fn try_place(&mut self, pi: usize, t: f64, fences: Option<&Fences>) -> bool {
-        match self.target(pi, fences) {
+    fn try_place(&mut self, pi: usize, t: f64) -> bool {
+        match self.target(pi) {
             Some((n, d)) => {
                 self.bind(pi, n, d, t);
                 true
@@ -645,7 +767,7 @@ impl<'a> Sim<'a> {
     }
 
     /// Serves the whole queue in order.
-    fn serve_all(&mut self, t: f64, fences: Option<&Fences>) {
+    fn serve_all(&mut self, t: f64) {
         let mut all: Vec<(u64, usize)> = self
             .queue
             .iter()
@@ -653,9 +775,9 @@ impl<'a> Sim<'a> {
             .collect();
         all.sort_unstable();
         for (_, pi) in all {
-            if self.target(pi, fences).is_some() {
+            if self.target(pi).is_some() {
                 self.dequeue(pi);
-                self.try_place(pi, t, fences);
+                self.try_place(pi, t);
             }
         }
     }
@@ -663,10 +785,16 @@ impl<'a> Sim<'a> {
     /// Serves the queue after node `n` gained capacity: only `n` can take a queued pod
     /// (every other node refused each of them since and gained nothing).
     fn serve_node(&mut self, n: usize, t: f64) {
+        if self.fences.as_ref().is_some_and(|f| f.node[n]) {
+            return;
+        }
         let mut cursor = [0u64; 9];
         loop {
             let node = &self.nodes[n];
-            let (max_free, whole) = (node.max_free(), node.whole_free());
+            let seen = self.free_seen(n);
+            let seen = &seen[..node.gpus];
+            let max_free = seen.iter().copied().max().unwrap_or(0);
+            let whole = seen.iter().filter(|&&f| f == GPU_MILLI).count();
             let mut next: Option<(u64, usize, usize)> = None;
             for (b, &cur) in cursor.iter().enumerate() {
                 let ok = if b == 0 {
@@ -701,7 +829,8 @@ impl<'a> Sim<'a> {
     /// Devices of `tp` on node `n` as the scheduler would pick them.
     fn node_devs(&self, n: usize, tp: &Tpl) -> Option<u8> {
         let node = &self.nodes[n];
-        let free = &node.free[..node.gpus];
+        let seen = self.free_seen(n);
+        let free = &seen[..node.gpus];
         match self.placer {
             Placer::BinPack => pick(free, tp.gpus, tp.milli),
             Placer::Fgd => {
@@ -710,7 +839,7 @@ impl<'a> Sim<'a> {
                     let mut best: Option<(f64, u8)> = None;
                     for (g, &f) in free.iter().enumerate() {
                         if f >= tp.milli {
-                            let mut after = node.free;
+                            let mut after = seen;
                             after[g] -= tp.milli;
                             let d = frag_of(&after[..node.gpus], &self.fgd_shapes) - before;
                             if best.is_none_or(|(bd, _)| d < bd - 1e-9) {
@@ -746,7 +875,7 @@ impl<'a> Sim<'a> {
             measured,
             bound_at: 0.0,
         });
-        if !self.try_place(pi, a.t, None) {
+        if !self.try_place(pi, a.t) {
             self.enqueue(pi);
         }
     }
@@ -840,7 +969,7 @@ impl<'a> Sim<'a> {
                     None => false,
                 }
             } else {
-                self.try_place(pi, t, None)
+                self.try_place(pi, t)
             };
             if placed {
                 if was_queued == 0 {
@@ -928,8 +1057,9 @@ pub fn gpu_defrag_policy(budget: u32, max_pending: u32) -> Policy {
     }
 }
 
-/// One window opening: the planner's evictions (and fences), then the queue.
-fn window(sim: &mut Sim, ctx: &Ctx, planner: &str, t: f64) {
+/// One window opening: the planner's evictions, then the queue. gpu-defrag starts a run
+/// (its evictions then follow over time, [`step_run`]).
+fn window(sim: &mut Sim, ctx: &Ctx, planner: &str, t: f64, window_end: f64) {
     if planner == "oracle" {
         // The repacking is kept only when every running pod found a place again (greedy
         // best fit can fail at high load): the oracle never displaces a running pod.
@@ -945,10 +1075,14 @@ fn window(sim: &mut Sim, ctx: &Ctx, planner: &str, t: f64) {
         }
         return;
     }
+    if sim.run.is_some() {
+        // The previous run is still going (windows closer than a run): no second one.
+        *sim.runs_skipped.entry("running".into()).or_default() += 1;
+        return;
+    }
     let running_gpu = sim.pods.iter().filter(|p| p.node != NONE).count();
     let budget = ((ctx.params.budget.max(0.0) * running_gpu as f64).floor() as usize).max(1);
     let (c, ids) = to_cluster(sim, ctx);
-    let mut fences = None;
     let chosen: Vec<usize> = match planner {
         "high-node-utilization" => {
             bench::choose_high_node_utilization(&c, budget, ctx.params.hnu_threshold).evicted
@@ -970,26 +1104,22 @@ fn window(sim: &mut Sim, ctx: &Ctx, planner: &str, t: f64) {
                 )
                 .shapes;
             }
-            let pending = sim.queued();
             let now = ctx.base + TimeDelta::milliseconds((t * 1000.0).round() as i64);
             let p = plan::plan(&c, &policy, Some(now), &History::default());
             if std::env::var_os("REPLAY_DEBUG").is_some() {
                 eprintln!(
-                    "t={:.1}h pending={pending} rate={:.4} moves={} skipped={:?} shapes={}",
+                    "t={:.1}h pending={} rate={:.4} moves={} skipped={:?} shapes={}",
                     t / HOUR,
+                    sim.queued(),
                     p.before.fragment_rate,
                     p.moves.len(),
                     p.skipped,
                     p.shapes.len()
                 );
             }
-            if pending > policy.max_pending_gpu_pods as usize {
-                *sim.runs_skipped.entry("pending".into()).or_default() += 1;
-                Vec::new()
-            } else if p.before.fragment_rate < policy.min_fragment_rate {
+            if p.before.fragment_rate < policy.min_fragment_rate {
                 *sim.runs_skipped.entry("trigger".into()).or_default() += 1;
-                Vec::new()
-            } else {
+            } else if !p.moves.is_empty() {
                 let mut f = Fences {
                     node: vec![false; c.nodes.len()],
                     gpu: vec![0; c.nodes.len()],
@@ -1006,9 +1136,31 @@ fn window(sim: &mut Sim, ctx: &Ctx, planner: &str, t: f64) {
                         f.gpu[i] |= 1 << g;
                     }
                 }
-                fences = Some(f);
-                p.moves.iter().map(|m| m.pod_index).collect()
+                let moves = p
+                    .moves
+                    .iter()
+                    .map(|m| {
+                        let pi = ids[m.pod_index];
+                        (pi, sim.pods[pi].node, sim.pods[pi].epoch)
+                    })
+                    .collect();
+                sim.fences = Some(f);
+                sim.run = Some(RunState {
+                    start_seq: sim.seq,
+                    window_end,
+                    moves,
+                    next: 0,
+                    open: Vec::new(),
+                    next_step: t,
+                    max_in_flight: policy.max_in_flight.max(1) as usize,
+                    max_pending: policy.max_pending_gpu_pods as usize,
+                    reschedule_timeout: policy.reschedule_timeout.as_secs_f64(),
+                    ready_seconds: ctx.params.ready_seconds.max(0.0),
+                });
+                sim.runs += 1;
+                step_run(sim, t);
             }
+            return;
         }
         _ => Vec::new(),
     };
@@ -1017,11 +1169,91 @@ fn window(sim: &mut Sim, ctx: &Ctx, planner: &str, t: f64) {
         sim.runs += 1;
     }
     sim.evict(&pis, t);
-    sim.serve_all(t, fences.as_ref());
-    if fences.is_some() {
-        sim.serve_all(t, None);
+    sim.serve_all(t);
+}
+
+/// One step of the gpu-defrag run at time `t` (the executor's loop): settle the waits,
+/// check the guards, send the next eviction when there is room; else poll again later.
+fn step_run(sim: &mut Sim, t: f64) {
+    let Some(mut r) = sim.run.take() else { return };
+    let end = loop {
+        // Waits: a replacement is Ready `ready_seconds` after it is bound; one that
+        // ended meanwhile (its lifetime) closes its wait too.
+        let mut stalled = false;
+        let mut next_ready = f64::INFINITY;
+        r.open.retain(|&(pi, since)| {
+            let p = &sim.pods[pi];
+            if p.node != NONE {
+                let ready = p.bound_at + r.ready_seconds;
+                if t >= ready {
+                    return false;
+                }
+                next_ready = next_ready.min(ready);
+                return true;
+            }
+            let b = bucket_of(&sim.tpl[p.tpl as usize]);
+            if !sim.queue[b].contains_key(&p.seq) {
+                return false; // done
+            }
+            if t - since >= r.reschedule_timeout {
+                stalled = true;
+            }
+            true
+        });
+        if stalled {
+            break Some(RunEnd::Stalled);
+        }
+        if t >= r.window_end {
+            break Some(RunEnd::WindowClosed);
+        }
+        if r.next >= r.moves.len() && r.open.is_empty() {
+            break Some(RunEnd::Succeeded);
+        }
+        if r.next >= r.moves.len() || r.open.len() >= r.max_in_flight {
+            // Wait for room: the next Ready, or a poll (a queued replacement).
+            let poll = if r.open.iter().any(|&(pi, _)| sim.pods[pi].node == NONE) {
+                t + POLL_SECONDS
+            } else {
+                f64::INFINITY
+            };
+            r.next_step = next_ready.min(poll).min(r.window_end).max(t + 1e-3);
+            break None;
+        }
+        // maxPendingGpuPods: GPU pods created since the run started (queued after it:
+        // replacements and arrivals) and pending, beyond the replacements in flight.
+        let pending: usize = sim
+            .queue
+            .iter()
+            .map(|q| q.range(r.start_seq + 1..).count())
+            .sum();
+        if pending > r.max_pending.saturating_add(r.open.len()) {
+            break Some(RunEnd::Pending);
+        }
+        let (pi, node, epoch) = r.moves[r.next];
+        r.next += 1;
+        if sim.pods[pi].node != node || sim.pods[pi].epoch != epoch {
+            continue; // gone (ended) or elsewhere: its unit goes on
+        }
+        sim.evict(&[pi], t);
+        sim.dequeue(pi);
+        if !sim.try_place(pi, t) {
+            sim.enqueue(pi);
+        }
+        sim.serve_node(node as usize, t);
+        r.open.push((pi, t));
+    };
+    match end {
+        None => sim.run = Some(r),
+        Some(e) => {
+            *sim.runs_ended.entry(e.key().into()).or_default() += 1;
+            sim.fences = None;
+            sim.serve_all(t);
+        }
     }
 }
+
+/// How often a run looks again at a replacement that is still queued, seconds.
+const POLL_SECONDS: f64 = 30.0;
 
 // ------------------------------------------------------------------ one run
 
@@ -1044,6 +1276,11 @@ pub struct Outcome {
     /// oracle: `repack-incomplete`, its repacking could not place every running pod).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub runs_skipped: BTreeMap<String, usize>,
+    /// gpu-defrag: how its runs ended (`succeeded`; `pending`, stopped by
+    /// `maxPendingGpuPods`; `stalled`, a replacement not Ready within
+    /// `rescheduleTimeout`; `window-closed`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub runs_ended: BTreeMap<String, usize>,
     /// Oracle: running pods its re-placement could not fit (back in the queue).
     #[serde(skip_serializing_if = "is_zero")]
     pub displaced: usize,
@@ -1060,7 +1297,24 @@ pub struct Outcome {
     pub disruption_seconds: BTreeMap<String, f64>,
     /// CPU seconds of the run.
     pub cpu_seconds: f64,
+    /// Time series for `--plot`: one point per [`SAMPLE_SECONDS`].
+    #[serde(skip)]
+    pub series: Vec<Sample>,
 }
+
+/// One point of a run's time series.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    /// End of the interval, seconds from the start.
+    pub t: f64,
+    /// GPU allocation ratio averaged over the interval.
+    pub allocation_ratio: f64,
+    /// 8-GPU-class pods queued at `t`.
+    pub queued_8gpu: usize,
+}
+
+/// Interval of the time series, seconds.
+pub const SAMPLE_SECONDS: f64 = 1800.0;
 
 fn is_zero(x: &usize) -> bool {
     *x == 0
@@ -1219,31 +1473,45 @@ pub fn run(prep: &Prepared, p: &Params, planner: &str) -> anyhow::Result<Outcome
     };
     let mut ai = 0;
     let mut wi = 0;
+    let sample_every = SAMPLE_SECONDS;
+    let mut next_sample = sample_every;
+    let mut series = Vec::new();
     loop {
         let next_dep = sim.heap.peek().map(|Reverse((b, _, _))| f64::from_bits(*b));
         let next_arr = prep.arrivals.get(ai).map(|a| a.t);
         let next_win = windows.get(wi).map(|w| w.0);
-        let t = [next_dep, next_arr, next_win]
+        let next_step = sim.run.as_ref().map(|r| r.next_step);
+        let t = [next_dep, next_arr, next_win, next_step]
             .into_iter()
             .flatten()
             .fold(f64::INFINITY, f64::min);
         if t >= horizon || !t.is_finite() {
             break;
         }
+        while next_sample <= t && next_sample < horizon {
+            sim.sample(next_sample, sample_every, &mut series);
+            next_sample += sample_every;
+        }
         sim.advance(t);
-        if next_dep == Some(t) {
+        if next_step == Some(t) {
+            step_run(&mut sim, t);
+        } else if next_dep == Some(t) {
             let Reverse((_, pi, epoch)) = sim.heap.pop().expect("peeked");
             if sim.pods[pi].epoch == epoch && sim.pods[pi].node != NONE {
                 sim.depart(pi, t);
             }
         } else if next_win == Some(t) {
-            window(&mut sim, &ctx, planner, t);
+            window(&mut sim, &ctx, planner, t, windows[wi].1);
             wi += 1;
         } else {
             let a = prep.arrivals[ai];
             sim.arrive(&a, a.t >= warmup);
             ai += 1;
         }
+    }
+    while next_sample < horizon {
+        sim.sample(next_sample, sample_every, &mut series);
+        next_sample += sample_every;
     }
     sim.advance(horizon);
     // Pods still queued: their wait so far.
@@ -1295,6 +1563,7 @@ pub fn run(prep: &Prepared, p: &Params, planner: &str) -> anyhow::Result<Outcome
         evictions: sim.evictions,
         runs: sim.runs,
         runs_skipped: sim.runs_skipped.clone(),
+        runs_ended: sim.runs_ended.clone(),
         displaced: sim.displaced,
         pending_at_end: sim.queued(),
         pending_at_end_by_class: pending_by_class,
@@ -1302,6 +1571,7 @@ pub fn run(prep: &Prepared, p: &Params, planner: &str) -> anyhow::Result<Outcome
         measured_pods: measured,
         disruption_seconds,
         cpu_seconds: timer.stop().1,
+        series,
     })
 }
 
@@ -1317,6 +1587,8 @@ pub struct Args {
     pub params: Params,
     /// Planners.
     pub planners: Vec<String>,
+    /// `--plot`: the time series of the first (workload, seed), drawn into this PNG.
+    pub plot: Option<PathBuf>,
 }
 
 /// Runs every (workload, seed, planner).
@@ -1328,6 +1600,7 @@ pub fn run_all(a: &Args) -> anyhow::Result<serde_json::Value> {
     };
     let mut results = Vec::new();
     let mut streams = Vec::new();
+    let mut plotted = false;
     for w in &a.workloads {
         for &seed in &a.seeds {
             let mut p = a.params.clone();
@@ -1346,8 +1619,10 @@ pub fn run_all(a: &Args) -> anyhow::Result<serde_json::Value> {
                 "arrivalsPerHour": prep.rate_per_hour, "initialPods": prep.initial_pods,
                 "lifetimesFrom": prep.lifetimes_from,
             }));
+            let mut series = Vec::new();
             for name in &planners {
-                let o = run(&prep, &p, name)?;
+                let mut o = run(&prep, &p, name)?;
+                series.push((name.clone(), std::mem::take(&mut o.series)));
                 eprintln!(
                     "  {name:<22} alloc {:.4}  evictions {:>5}  pending {:>4}  {:.1}s",
                     o.allocation_ratio, o.evictions, o.pending_at_end, o.cpu_seconds
@@ -1355,6 +1630,18 @@ pub fn run_all(a: &Args) -> anyhow::Result<serde_json::Value> {
                 let mut v = serde_json::to_value(&o)?;
                 v["workload"] = serde_json::json!(w);
                 results.push(v);
+            }
+            if let Some(file) = a.plot.as_ref().filter(|_| !plotted) {
+                plotted = true;
+                let title = format!(
+                    "{w}, seed {seed}: load {}, window {} for {} h, budget {}",
+                    p.load,
+                    p.windows.join(" + "),
+                    p.window_hours,
+                    p.budget
+                );
+                crate::plot::replay(file, &title, p.warmup_days * DAY, &series)?;
+                eprintln!("plot: {}", file.display());
             }
         }
     }
@@ -1372,6 +1659,7 @@ pub fn run_all(a: &Args) -> anyhow::Result<serde_json::Value> {
             "maxLifetimeHours": a.params.max_lifetime_hours,
             "hnuThresholdPercent": a.params.hnu_threshold,
             "maxPendingGpuPods": a.params.max_pending_gpu_pods,
+            "readySeconds": a.params.ready_seconds,
             "descheduler": "once per window opening, at its start",
         },
         "streams": streams,
@@ -1662,6 +1950,13 @@ mod tests {
             node: vec![false; 13],
             gpu: vec![0; 13],
         };
+        // Some fences: two nodes, single GPUs of three others.
+        let mut some = none.clone();
+        some.node[1] = true;
+        some.node[7] = true;
+        some.gpu[0] = 0b101;
+        some.gpu[8] = 0b1;
+        some.gpu[11] = 0b10;
         for i in 0..400 {
             let k = rng.random_range(0..t.len()) as u32;
             sim.pods.push(PodS {
@@ -1678,9 +1973,13 @@ mod tests {
                 bound_at: 0.0,
             });
             let pi = sim.pods.len() - 1;
-            let a = sim.target(pi, None);
-            let b = sim.target(pi, Some(&none));
+            let tp = &t[k as usize];
+            let a = sim.target_indexed(tp, None);
+            let b = sim.target_scan(pi, Some(&none));
             assert_eq!(a, b, "pod {i}");
+            let fa = sim.target_indexed(tp, Some(&some));
+            let fb = sim.target_scan(pi, Some(&some));
+            assert_eq!(fa, fb, "pod {i}, fenced");
             if let Some((n, d)) = a {
                 sim.bind(pi, n, d, 0.0);
             }
@@ -1692,6 +1991,68 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `maxPendingGpuPods` counts GPU pods created since the run started that are pending,
+    /// beyond the replacements in flight; the queue that was there before does not count.
+    #[test]
+    fn the_pending_guard_counts_only_pods_created_since_the_run_started() {
+        let t = [tpl(1, 1000), tpl(8, 1000)];
+        // One 8-GPU node with one long 1-GPU pod: 8-GPU pods can never run.
+        let setup = |sim: &mut Sim| {
+            sim.arrive(&arrival(0.0, 0, 100.0 * DAY), true);
+            let mut f = Fences {
+                node: vec![false; 1],
+                gpu: vec![0; 1],
+            };
+            f.gpu[0] = 0;
+            sim.fences = Some(f);
+        };
+        let run = |sim: &Sim, moves: Vec<(usize, u32, u32)>| RunState {
+            start_seq: sim.seq,
+            window_end: 10.0 * HOUR,
+            moves,
+            next: 0,
+            open: Vec::new(),
+            next_step: HOUR,
+            max_in_flight: 1,
+            max_pending: 2,
+            reschedule_timeout: 600.0,
+            ready_seconds: 30.0,
+        };
+        // Ten 8-GPU pods queued before the run: it still evicts.
+        let mut sim = Sim::new(&t, nodes(1, 8), Placer::BinPack, Vec::new());
+        setup(&mut sim);
+        for i in 0..10 {
+            sim.arrive(&arrival(1.0 + f64::from(i), 1, HOUR), true);
+        }
+        assert_eq!(sim.queued(), 10);
+        let m = vec![(0, 0, sim.pods[0].epoch)];
+        sim.run = Some(run(&sim, m.clone()));
+        step_run(&mut sim, HOUR);
+        assert_eq!(sim.evictions, 1, "the old queue does not stop the run");
+        // Three 8-GPU pods arriving after the run started: more than 2 → stopped before
+        // its eviction.
+        let mut sim = Sim::new(&t, nodes(1, 8), Placer::BinPack, Vec::new());
+        setup(&mut sim);
+        sim.run = Some(run(&sim, m.clone()));
+        sim.run.as_mut().expect("run").next_step = 2.0 * HOUR;
+        for i in 0..3 {
+            sim.arrive(&arrival(HOUR + f64::from(i), 1, HOUR), true);
+        }
+        step_run(&mut sim, 2.0 * HOUR);
+        assert_eq!(sim.evictions, 0);
+        assert_eq!(sim.runs_ended.get("pending"), Some(&1));
+        assert!(sim.run.is_none() && sim.fences.is_none(), "fences lifted");
+        // Two: within the limit.
+        let mut sim = Sim::new(&t, nodes(1, 8), Placer::BinPack, Vec::new());
+        setup(&mut sim);
+        sim.run = Some(run(&sim, m));
+        for i in 0..2 {
+            sim.arrive(&arrival(HOUR + f64::from(i), 1, HOUR), true);
+        }
+        step_run(&mut sim, 2.0 * HOUR);
+        assert_eq!(sim.evictions, 1);
     }
 
     /// Two 8-GPU nodes, each with two 1-GPU pods of long life; an 8-GPU pod waits. Without
@@ -1756,6 +2117,7 @@ mod tests {
             max_lifetime_hours: 1e6,
             hnu_threshold: 50.0,
             max_pending_gpu_pods: 5,
+            ready_seconds: 30.0,
         };
         let base_nodes = scenario::nodes_of(&trace);
         let ctx = Ctx {
@@ -1767,21 +2129,31 @@ mod tests {
         for planner in ["gpu-defrag", "oracle"] {
             let mut sim = Sim::new(&t, nodes(2, 8), Placer::BinPack, Vec::new());
             stream(&mut sim);
-            window(&mut sim, &ctx, planner, 2.0 * HOUR);
+            window(&mut sim, &ctx, planner, 2.0 * HOUR, 5.0 * HOUR);
+            // gpu-defrag's run: one eviction per replacement Ready (30 s each); the
+            // drained node stays fenced until the run ends.
+            while let Some(r) = &sim.run {
+                assert!(sim.queued() == 1, "{planner}: fenced during the run");
+                let s = r.next_step;
+                step_run(&mut sim, s);
+            }
             assert_eq!(
                 sim.queued(),
                 0,
                 "{planner}: the 8-GPU pod runs at the window"
             );
-            assert_eq!(sim.waits[3], vec![HOUR], "{planner}");
-            if planner != "oracle" {
+            if planner == "oracle" {
+                assert_eq!(sim.waits[3], vec![HOUR], "{planner}");
+            } else {
+                assert_eq!(sim.waits[3], vec![HOUR + 60.0], "{planner}");
                 assert_eq!(sim.evictions, 2, "{planner}");
                 assert_eq!(sim.disruptions, vec![0.0, 0.0], "{planner}");
+                assert_eq!(sim.runs_ended.get("succeeded"), Some(&1));
             }
         }
         let mut sim = Sim::new(&t, nodes(2, 8), Placer::BinPack, Vec::new());
         stream(&mut sim);
-        window(&mut sim, &ctx, "none", 2.0 * HOUR);
+        window(&mut sim, &ctx, "none", 2.0 * HOUR, 5.0 * HOUR);
         assert_eq!(sim.queued(), 1, "no descheduler: still waiting");
     }
 }
