@@ -6,7 +6,16 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::replay::Sample;
+/// One point of a run's time series.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    /// End of the interval, seconds from the start.
+    pub t: f64,
+    /// GPU allocation ratio averaged over the interval.
+    pub allocation_ratio: f64,
+    /// 8-GPU-class pods queued at `t`.
+    pub queued_8gpu: usize,
+}
 
 const WIDTH: u32 = 1400;
 const HEIGHT: u32 = 1000;

@@ -1302,16 +1302,7 @@ pub struct Outcome {
     pub series: Vec<Sample>,
 }
 
-/// One point of a run's time series.
-#[derive(Debug, Clone, Copy)]
-pub struct Sample {
-    /// End of the interval, seconds from the start.
-    pub t: f64,
-    /// GPU allocation ratio averaged over the interval.
-    pub allocation_ratio: f64,
-    /// 8-GPU-class pods queued at `t`.
-    pub queued_8gpu: usize,
-}
+pub use crate::plot::Sample;
 
 /// Interval of the time series, seconds.
 pub const SAMPLE_SECONDS: f64 = 1800.0;
