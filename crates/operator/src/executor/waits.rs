@@ -138,7 +138,10 @@ pub fn pending_gpu_pods(
                 p.metadata
                     .creation_timestamp
                     .as_ref()
-                    .is_none_or(|t| t.0.as_second() >= since.timestamp())
+                    // Creation times have whole seconds: a pod of the second the run
+                    // started belongs to the queue it came to serve, not to the run (its
+                    // first replacements, if that quick, are in flight anyway).
+                    .is_none_or(|t| t.0.as_second() > since.timestamp())
             })
             .map(|p| p.as_ref())
             .collect(),
@@ -375,7 +378,9 @@ mod tests {
         };
         apply(&mut writer, pending("queued", "2026-12-04T01:00:00Z"));
         apply(&mut writer, pending("new", "2026-12-04T02:10:00Z"));
-        let start = crate::objects::parse_ts("2026-12-04T02:00:00Z").unwrap();
+        // Queued in the very second the run started (the run's start has sub-seconds).
+        apply(&mut writer, pending("same-second", "2026-12-04T02:00:00Z"));
+        let start = crate::objects::parse_ts("2026-12-04T02:00:00.4Z").unwrap();
         let policy = Policy::default();
         assert_eq!(
             pending_gpu_pods(&pods, &Default::default(), &policy, start),
@@ -385,7 +390,7 @@ mod tests {
         let before = crate::objects::parse_ts("2026-12-04T00:00:00Z").unwrap();
         assert_eq!(
             pending_gpu_pods(&pods, &Default::default(), &policy, before),
-            2
+            3
         );
     }
 }
