@@ -31,8 +31,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use gpu_defrag_e2e::{
     ClusterOptions, GPU_RESOURCE, GpuNodes, TestCluster,
     fixtures::{create_all, pod_ready, wait_for},
-    operator::{Operator, create_policy, open_window_this_minute, policy_status},
-    process::Component,
+    operator::{create_policy, open_window_this_minute, policy_status},
+    process::{Component, free_port, group_alive},
     repo_root,
 };
 use k8s_openapi::api::{
@@ -56,9 +56,9 @@ const DESCHEDULER_VERSION: &str = "v0.36.0";
 const TEMPLATE_HASH: &str = "start";
 
 const USAGE: &str =
-    "usage: gpu-defrag-bench-e2e [--trace DIR] [--workload W] [--seed S] [--nodes N]
+    "usage: gpu-defrag-bench-e2e [--trace DIR] [--workload W] [--seed S[,S…]] [--nodes N]
        [--load F] [--departures F] [--pending8 N] [--pending4 N] [--budget N]
-       [--thresholds 20,40,60] [--scheduler-name NAME] [--descheduler BIN]
+       [--thresholds 20,40,60,80] [--scheduler-name NAME] [--descheduler BIN]
        [--only trace|demo|layout] [--doc FILE]
 
   Runs the real descheduler (HighNodeUtilization on nvidia.com/gpu, one run per threshold)
@@ -70,7 +70,7 @@ const USAGE: &str =
 struct Args {
     trace: PathBuf,
     workload: String,
-    seed: u64,
+    seeds: Vec<u64>,
     nodes: usize,
     load: f64,
     departures: f64,
@@ -88,14 +88,14 @@ fn parse_args() -> Result<Args> {
     let mut a = Args {
         trace: repo_root().join("../shared/data/alibaba-gpu-v2023/csv"),
         workload: "default".into(),
-        seed: 1,
+        seeds: vec![1],
         nodes: 64,
         load: 1.0,
         departures: 0.3,
         pending8: 8,
         pending4: 4,
         budget: 16,
-        thresholds: vec![20, 40, 60],
+        thresholds: vec![20, 40, 60, 80],
         scheduler_name: "default-scheduler".into(),
         descheduler: None,
         only: None,
@@ -107,7 +107,13 @@ fn parse_args() -> Result<Args> {
         match flag.as_str() {
             "--trace" => a.trace = PathBuf::from(value()?),
             "--workload" => a.workload = value()?,
-            "--seed" => a.seed = value()?.parse().context("--seed")?,
+            "--seed" | "--seeds" => {
+                a.seeds = value()?
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(|s| s.trim().parse().context("--seed"))
+                    .collect::<Result<_>>()?
+            }
             "--nodes" => a.nodes = value()?.parse().context("--nodes")?,
             "--load" => a.load = value()?.parse().context("--load")?,
             "--departures" => a.departures = value()?.parse().context("--departures")?,
@@ -156,7 +162,12 @@ async fn main() -> ExitCode {
 async fn run(args: &Args) -> Result<()> {
     let started = chrono::Utc::now();
     if args.only.as_deref() == Some("layout") {
-        println!("{}", Layout::from_trace(args)?.describe());
+        for &seed in &args.seeds {
+            println!(
+                "seed {seed}: {}",
+                Layout::from_trace(args, seed)?.describe()
+            );
+        }
         return Ok(());
     }
     let descheduler = match &args.descheduler {
@@ -166,21 +177,32 @@ async fn run(args: &Args) -> Result<()> {
     let gpu_defrag = gpu_defrag_e2e::operator::operator_binary().await?;
     let mut doc = String::new();
     if args.only.as_deref() != Some("demo") {
-        let layout = Layout::from_trace(args)?;
-        eprintln!("{}", layout.describe());
-        let mut rows = Vec::new();
-        for &t in &args.thresholds {
-            let c = Contender::Descheduler(t);
-            eprintln!("== {}", c.name());
-            rows.push(run_contender(args, &layout, &c, &descheduler, &gpu_defrag).await?);
-            eprintln!("{}", rows.last().map(Row::line).unwrap_or_default());
+        let mut last_rows = Vec::new();
+        for &seed in &args.seeds {
+            let layout = Layout::from_trace(args, seed)?;
+            eprintln!("seed {seed}: {}", layout.describe());
+            let mut contenders: Vec<Contender> = args
+                .thresholds
+                .iter()
+                .map(|&t| Contender::Descheduler(t))
+                .collect();
+            contenders.push(Contender::GpuDefrag);
+            let mut rows = Vec::new();
+            for c in &contenders {
+                eprintln!("== seed {seed}: {}", c.name());
+                let row = run_contender(args, &layout, c, &descheduler, &gpu_defrag).await?;
+                eprintln!("{}", row.line());
+                rows.push(row);
+            }
+            let table = table(&rows);
+            println!("\nseed {seed}: {}\n{table}", layout.describe());
+            if doc.is_empty() {
+                doc.push_str(&trace_intro(args, &layout));
+            }
+            doc.push_str(&seed_section(seed, &layout, &rows, &table));
+            last_rows = rows;
         }
-        let c = Contender::GpuDefrag;
-        eprintln!("== {}", c.name());
-        rows.push(run_contender(args, &layout, &c, &descheduler, &gpu_defrag).await?);
-        let table = table(&rows);
-        println!("\n{table}");
-        doc.push_str(&trace_section(args, &layout, &rows, &table));
+        doc.push_str(&commands_section(&last_rows));
     }
     if args.only.as_deref() != Some("trace") {
         eprintln!(
@@ -315,8 +337,8 @@ fn best_node(nodes: &[NodeSpec], used: &[Use], p: &PodShape) -> Option<usize> {
 }
 
 impl Layout {
-    fn from_trace(args: &Args) -> Result<Self> {
-        let mut rng = StdRng::seed_from_u64(args.seed);
+    fn from_trace(args: &Args, seed: u64) -> Result<Self> {
+        let mut rng = StdRng::seed_from_u64(seed);
         let node_rows = read_csv(&args.trace.join("openb_node_list_gpu_node.csv"))?;
         let mut all_nodes = Vec::new();
         for r in &node_rows {
@@ -800,6 +822,9 @@ struct State {
     pending_total: usize,
     /// Pending 8-GPU pods now Running (each holds a whole 8-GPU node).
     pending8_running: usize,
+    /// GPUs of the pods bound to nodes, and of the nodes.
+    used_gpus: u32,
+    total_gpus: u32,
     /// uid → (app, node, ready) of the workload pods.
     pods: BTreeMap<String, (String, String, bool)>,
 }
@@ -856,7 +881,22 @@ async fn measure(
                 == 0
         })
         .count();
+    let total_gpus = nodes
+        .iter()
+        .filter_map(|n| {
+            n.status
+                .as_ref()?
+                .allocatable
+                .as_ref()?
+                .get(GPU_RESOURCE)?
+                .0
+                .parse::<u32>()
+                .ok()
+        })
+        .sum();
     let mut st = State {
+        used_gpus: used.values().sum(),
+        total_gpus,
         frag_rate: report["fragmentRate"].as_f64().unwrap_or(f64::NAN),
         free8,
         ..State::default()
@@ -1104,6 +1144,7 @@ async fn run_descheduler(
             .iter()
             .any(|k| l.contains(k))
         })
+        .filter(|l| !l.contains("Unable to write event"))
         .map(|l| {
             // Drop klog's header (level, date, time, pid, file:line]).
             l.split_once("] ").map(|(_, r)| r).unwrap_or(l).to_string()
@@ -1156,17 +1197,37 @@ fn gpu_defrag_spec(budget: u32, ns: &str) -> Value {
     })
 }
 
-/// Starts `gpu-defrag run` (the e2e harness's way: as the RBAC-bound user), applies the
-/// Enforce policy with a window open now, and waits for the run's result.
-async fn run_gpu_defrag(cluster: &TestCluster, spec: Value) -> Result<(Value, Operator)> {
-    let op = Operator::start(cluster, "bench", &[]).await?;
+/// Starts `gpu-defrag run` as `make demo` does (the cluster admin's kubeconfig, no leader
+/// election, only the policy labelled `e2e-test=bench`), applies the Enforce policy with a
+/// window open now, and waits for the run's result. The process dies with the returned
+/// [`Component`].
+async fn run_gpu_defrag(
+    cluster: &TestCluster,
+    bin: &Path,
+    spec: Value,
+) -> Result<(Value, Component)> {
+    let log = cluster.logs_dir().join("gpu-defrag.log");
+    let args: Vec<String> = vec![
+        "run".into(),
+        "--leader-elect=false".into(),
+        format!("--metrics-addr=127.0.0.1:{}", free_port()?),
+        "--policy-selector=e2e-test=bench".into(),
+    ];
+    let envs: [(&str, &Path); 2] = [
+        ("KUBECONFIG", cluster.kubeconfig_path()),
+        ("RUST_LOG", Path::new("info")),
+    ];
+    let op = Component::spawn("gpu-defrag", bin, &args, &envs, &log)?;
+    let pgid = op.pgid;
     let client = cluster.client()?;
     create_policy(&client, POLICY, "bench", spec).await?;
     let run = wait_for(
         "gpu-defrag's run to finish",
         Duration::from_secs(600),
         || async {
-            op.ensure_running()?;
+            if !group_alive(pgid) {
+                bail!("gpu-defrag exited; see {}", log.display());
+            }
             let st = policy_status(&client, POLICY).await?;
             Ok(st
                 .pointer("/lastRuns/0/result")
@@ -1214,7 +1275,7 @@ async fn run_contender(
         }
         Contender::GpuDefrag => {
             let spec = gpu_defrag_spec(args.budget, NS);
-            let (run, op) = run_gpu_defrag(&cluster, spec.clone()).await?;
+            let (run, op) = run_gpu_defrag(&cluster, gpu_defrag, spec.clone()).await?;
             let note = format!(
                 "run {}: planned {}, evicted {}, blocked {}, bounced {}, failed {}",
                 run["result"].as_str().unwrap_or("?"),
@@ -1230,7 +1291,7 @@ async fn run_contender(
             }))?;
             (
                 note,
-                "gpu-defrag run --leader-elect=false --policy-selector e2e-test=bench".to_string(),
+                "gpu-defrag run --leader-elect=false --policy-selector=e2e-test=bench (KUBECONFIG: the cluster admin's)".to_string(),
                 config,
                 Some(op),
             )
@@ -1376,7 +1437,7 @@ async fn run_demo(descheduler: &Path, gpu_defrag: &Path) -> Result<Demo> {
     spec["mode"] = json!("Enforce");
     spec["windows"] = json!([open_window_this_minute()]);
     let watch = Watch::start(&client, "demo").await?;
-    let (run, op) = run_gpu_defrag(&cluster, spec).await?;
+    let (run, op) = run_gpu_defrag(&cluster, gpu_defrag, spec).await?;
     watch
         .settled(
             Instant::now(),
@@ -1497,12 +1558,12 @@ impl Demo {
 
 fn table(rows: &[Row]) -> String {
     let mut s = String::from(
-        "| contender | fragment rate before → after | free 8-GPU nodes before → after | 8-GPU nodes given back | pending multi-GPU pods Running | evictions | back on source node | replacements not Running | time (s) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| contender | fragment rate before → after | free 8-GPU nodes before → after | 8-GPU nodes given back | pending multi-GPU pods Running | GPUs allocated | evictions | back on source node | replacements not Running | time (s) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in rows {
         let _ = writeln!(
             s,
-            "| {} | {:.3} → {:.3} | {} → {} | {} | {}/{} | {} | {} | {} | {:.1} |",
+            "| {} | {:.3} → {:.3} | {} → {} | {} | {}/{} | {} → {} of {} | {} | {} | {} | {:.1} |",
             r.name,
             r.before.frag_rate,
             r.after.frag_rate,
@@ -1511,6 +1572,9 @@ fn table(rows: &[Row]) -> String {
             r.given_back(),
             r.after.pending_running,
             r.after.pending_total,
+            r.before.used_gpus,
+            r.after.used_gpus,
+            r.after.total_gpus,
             r.evictions,
             r.back_on_source,
             r.not_running,
@@ -1552,45 +1616,46 @@ fn header(args: &Args, started: chrono::DateTime<chrono::Utc>) -> String {
          - Descheduler: `sigs.k8s.io/descheduler` {DESCHEDULER_VERSION}, built from its Go module by \
          `e2e/cluster/build-descheduler.sh` (e2e/cluster/descheduler/go.mod repeats its \
          `k8s.io/kube-openapi` replace), run as a process against the local API server.\n\
-         - gpu-defrag: `gpu-defrag run` (debug build) started the way the e2e harness does \
-         (`e2e/src/operator.rs`, as a user bound to config/rbac/role.yaml).\n",
+         - gpu-defrag: `gpu-defrag run` (debug build) started as `make demo` starts it (the \
+         cluster admin's kubeconfig, `--leader-elect=false`), one process per control plane.\n",
         cmdline.join(" "),
         machine(),
         started.format("%Y-%m-%d %H:%M UTC"),
     )
 }
 
-fn trace_section(args: &Args, layout: &Layout, rows: &[Row], table: &str) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
+fn trace_intro(args: &Args, layout: &Layout) -> String {
+    format!(
         "\n## A trace-sampled fragmented cluster\n\n\
-         **Start state** (seed {}): {} nodes drawn from the Alibaba GPU trace's node list \
-         (`openb_node_list_gpu_node.csv`, read in place from {}); pods drawn from \
-         `openb_pod_list_{}.csv` ({} GPU pods, {} of them GPU shares, which are given whole GPUs here, since the \
-         local nodes offer only whole `nvidia.com/gpu`; models are labels only, pods do not \
-         select them) and placed by an emulation of the bin-packing scheduler up to {:.0}% of \
-         the GPUs, then {:.0}% of them removed at random; then {} 8-GPU and {} 4-GPU pods of \
-         the trace queued: those that fit run, the rest are the pending multi-GPU pods.\n\n\
-         {}\n\n\
-         Every running pod is a 1-replica Deployment with a PodDisruptionBudget \
-         `maxUnavailable: 1`; the pending pods are Deployments without one. Budget: {} \
-         evictions for every contender (`maxNoOfPodsToEvictTotal` / `maxEvictionsPerRun`). \
-         Scheduler of the GPU pods: `{}`.\n\n\
+         **Start state** (per seed): {} nodes drawn from the Alibaba GPU trace's node list \
+         (`openb_node_list_gpu_node.csv`, read in place from `{}`); pods drawn from \
+         `openb_pod_list_{}.csv` ({} GPU pods, {} of them GPU shares, which get a whole GPU \
+         here since the local nodes offer only whole `nvidia.com/gpu`; GPU models are node \
+         labels only, pods do not select them) and placed by an emulation of the bin-packing \
+         scheduler (MostAllocated, GPU weight 100, cpu and memory 1; cpu, memory, GPUs and \
+         pod count must fit) until {:.0}% of the GPUs are used or no drawn pod fits, then \
+         {:.0}% of them removed at random; then {} 8-GPU and {} 4-GPU pods of the trace \
+         queued: those that fit run, the rest are the pending multi-GPU pods. Every running \
+         pod is a 1-replica Deployment with a PodDisruptionBudget `maxUnavailable: 1`; the \
+         pending pods are Deployments without one. Budget: {} evictions for every contender \
+         (`maxNoOfPodsToEvictTotal` / `maxEvictionsPerRun`). Scheduler of the GPU pods: \
+         `{}`.\n\n\
          **Same start state**: a fresh control plane for each contender, built from the same \
-         seed. The running pods are bound to the layout's nodes (created with `nodeName`, then \
-         adopted by their Deployment's ReplicaSet on scale-up), not left to the scheduler's \
-         random tie-breaks, so each contender starts from the identical placement (the \
-         \"before\" columns show it); replacements and pending pods go through the real \
-         kube-scheduler.\n\n\
+         seed. The running pods are created bound to the layout's nodes (`nodeName`), then \
+         adopted by a ReplicaSet each, which its Deployment (same template) adopts as its \
+         current one: the placement is exactly the layout's, not the scheduler's random \
+         tie-breaks, so every contender starts from the identical state (the \"before\" \
+         columns show it). Replacements of evicted pods and the pending pods go through the \
+         real kube-scheduler.\n\n\
          **Measured** after the contender finished and the pods stopped changing for 6 s: \
          fragment rate (`gpu-defrag report --policy report-policy.yaml -o json` on the live \
-         cluster; shapes 8, 4 and 1 GPU, weight 1 each), 8-GPU nodes with no GPU in use, \
-         8-GPU nodes given back (free now or running a formerly pending 8-GPU pod, less \
-         those free at the start), pending multi-GPU pods now Running, evictions (start pods gone), replacements that \
-         landed back on their source node, replacements not Running, and the time from the \
-         contender's start to the last pod change (pods polled every 250 ms).\n",
-        args.seed,
+         cluster; shapes 8, 4 and 1 GPU, weight 1 each; a pending pod that starts takes idle \
+         GPUs, so it can raise the rate), 8-GPU nodes with no GPU in use, 8-GPU nodes given \
+         back (free now or running a formerly pending 8-GPU pod, less those at the start), \
+         pending multi-GPU pods now Running, GPUs allocated, evictions (start pods gone), \
+         replacements that landed back on their source node, replacements not Running, and \
+         the time from the contender's start to the last pod change (pods polled every \
+         250 ms; the descheduler runs one pass and exits).\n",
         args.nodes,
         args.trace.display(),
         args.workload,
@@ -1600,16 +1665,22 @@ fn trace_section(args: &Args, layout: &Layout, rows: &[Row], table: &str) -> Str
         args.departures * 100.0,
         args.pending8,
         args.pending4,
-        layout.describe(),
         args.budget,
         args.scheduler_name,
-    );
-    let _ = writeln!(s, "{table}");
-    let _ = writeln!(s, "What each contender said:\n");
+    )
+}
+
+fn seed_section(seed: u64, layout: &Layout, rows: &[Row], table: &str) -> String {
+    let mut s = format!("\n### Seed {seed}\n\n{}\n\n{table}\n", layout.describe());
+    let _ = writeln!(s, "What each contender said (its log, its run record):\n");
     for r in rows {
         let _ = writeln!(s, "- **{}**: {}", r.name, r.note);
     }
-    let _ = writeln!(s, "\n### The commands behind each row\n");
+    s
+}
+
+fn commands_section(rows: &[Row]) -> String {
+    let mut s = String::from("\n### The commands behind each row\n\n");
     let _ = writeln!(
         s,
         "Fragment rate: `gpu-defrag report --policy report-policy.yaml -o json` with\n\n```yaml\n{}```\n",
