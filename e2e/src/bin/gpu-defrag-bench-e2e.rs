@@ -178,6 +178,7 @@ async fn run(args: &Args) -> Result<()> {
     let mut doc = String::new();
     if args.only.as_deref() != Some("demo") {
         let mut last_rows = Vec::new();
+        let mut all_rows: Vec<(u64, Vec<Row>)> = Vec::new();
         for &seed in &args.seeds {
             let layout = Layout::from_trace(args, seed)?;
             eprintln!("seed {seed}: {}", layout.describe());
@@ -200,8 +201,12 @@ async fn run(args: &Args) -> Result<()> {
                 doc.push_str(&trace_intro(args, &layout));
             }
             doc.push_str(&seed_section(seed, &layout, &rows, &table));
+            all_rows.push((seed, rows.clone()));
             last_rows = rows;
         }
+        let summary = summary_section(&all_rows);
+        println!("{summary}");
+        doc.push_str(&summary);
         doc.push_str(&commands_section(&last_rows));
     }
     if args.only.as_deref() != Some("trace") {
@@ -1675,6 +1680,124 @@ fn seed_section(seed: u64, layout: &Layout, rows: &[Row], table: &str) -> String
     let _ = writeln!(s, "What each contender said (its log, its run record):\n");
     for r in rows {
         let _ = writeln!(s, "- **{}**: {}", r.name, r.note);
+    }
+    s
+}
+
+/// Sums over the seeds per contender, and what they say, as plain comparisons.
+fn summary_section(all: &[(u64, Vec<Row>)]) -> String {
+    #[derive(Default)]
+    struct Sum {
+        pending_running: usize,
+        pending_total: usize,
+        given_back: i64,
+        evictions: usize,
+        back: usize,
+        not_running: usize,
+        frag_delta: f64,
+        wall: f64,
+        n: usize,
+    }
+    let mut order: Vec<String> = Vec::new();
+    let mut sums: BTreeMap<String, Sum> = BTreeMap::new();
+    for (_, rows) in all {
+        for r in rows {
+            if !order.contains(&r.name) {
+                order.push(r.name.clone());
+            }
+            let e = sums.entry(r.name.clone()).or_default();
+            e.pending_running += r.after.pending_running;
+            e.pending_total += r.after.pending_total;
+            e.given_back += r.given_back();
+            e.evictions += r.evictions;
+            e.back += r.back_on_source;
+            e.not_running += r.not_running;
+            e.frag_delta += r.after.frag_rate - r.before.frag_rate;
+            e.wall += r.wall;
+            e.n += 1;
+        }
+    }
+    let seeds: Vec<String> = all.iter().map(|(s, _)| s.to_string()).collect();
+    let mut s = format!(
+        "\n### Over the seeds ({})\n\n| contender | pending multi-GPU pods Running | 8-GPU nodes given back | evictions | back on source node | replacements not Running | fragment rate change (mean) | time (s, mean) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+        seeds.join(", ")
+    );
+    for name in &order {
+        let e = &sums[name];
+        let n = e.n.max(1) as f64;
+        let _ = writeln!(
+            s,
+            "| {name} | {}/{} | {} | {} | {} | {} | {:+.3} | {:.1} |",
+            e.pending_running,
+            e.pending_total,
+            e.given_back,
+            e.evictions,
+            e.back,
+            e.not_running,
+            e.frag_delta / n,
+            e.wall / n
+        );
+    }
+    let gd = order.iter().find(|n| n.starts_with("gpu-defrag"));
+    let best = order
+        .iter()
+        .filter(|n| n.starts_with("descheduler"))
+        .max_by(|a, b| {
+            let (x, y) = (&sums[*a], &sums[*b]);
+            (x.pending_running, x.given_back)
+                .cmp(&(y.pending_running, y.given_back))
+                .then(y.evictions.cmp(&x.evictions))
+        });
+    if let (Some(gd), Some(best)) = (gd, best) {
+        let (g, b) = (&sums[gd], &sums[best]);
+        let cmp = |x: f64, y: f64, more: &str, fewer: &str| {
+            if x > y {
+                more.to_string()
+            } else if x < y {
+                fewer.to_string()
+            } else {
+                "as many as".to_string()
+            }
+        };
+        let lowest_frag = order
+            .iter()
+            .min_by(|a, b| sums[*a].frag_delta.total_cmp(&sums[*b].frag_delta))
+            .cloned()
+            .unwrap_or_default();
+        let fastest = order
+            .iter()
+            .filter(|n| sums[*n].evictions > 0)
+            .min_by(|a, b| sums[*a].wall.total_cmp(&sums[*b].wall))
+            .cloned()
+            .unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "\nThe descheduler setting that started the most pending pods is **{best}**. \
+             gpu-defrag started {} pending multi-GPU pods ({} it: {} against {}), gave back \
+             {} 8-GPU nodes against {}, with {} evictions against {} and {} replacements back \
+             on their source node against {}. The largest mean drop of the fragment rate is \
+             **{lowest_frag}**'s ({:+.3}; gpu-defrag {:+.3}); the fragment rate counts idle \
+             GPUs, so pending pods that start can raise it. Fastest to settle among those that \
+             evicted: **{fastest}** (the descheduler evicts its whole pass at once; gpu-defrag \
+             keeps at most `maxInFlight` replacements un-Ready at a time and waits for them).",
+            g.pending_running,
+            cmp(
+                g.pending_running as f64,
+                b.pending_running as f64,
+                "more than",
+                "fewer than"
+            ),
+            g.pending_running,
+            b.pending_running,
+            g.given_back,
+            b.given_back,
+            g.evictions,
+            b.evictions,
+            g.back,
+            b.back,
+            sums[&lowest_frag].frag_delta / sums[&lowest_frag].n.max(1) as f64,
+            g.frag_delta / g.n.max(1) as f64,
+        );
     }
     s
 }
