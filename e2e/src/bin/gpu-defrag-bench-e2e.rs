@@ -5,15 +5,17 @@
 //! trace (nodes, pods) ──seed──> start layout: nodes sampled, pods placed by an emulation of
 //!                               the bin-packing scheduler, some departed, multi-GPU pods
 //!                               that fit nowhere left pending
-//! for each contender: fresh control plane ─> nodes ─> Deployments (replicas 0) + PDBs
-//!     ─> pods bound to the layout's nodes ─> Deployments scaled to 1 (their ReplicaSets
-//!     adopt the pods) ─> pending Deployments ─> measure ─> contender ─> settle ─> measure
+//! for each contender: fresh control plane ─> nodes ─> PDBs ─> pods bound to the layout's
+//!     nodes ─> a ReplicaSet per pod (adopts it) ─> its Deployment (same template: adopts
+//!     the ReplicaSet as its current one) ─> pending Deployments ─> measure ─> contender
+//!     ─> settle ─> measure
 //! ```
 //!
 //! Every contender gets a fresh control plane built from the same seed: the pods are bound
 //! to the nodes the layout says (not left to the scheduler's random tie-breaks), so each
 //! run starts from the identical placement; the start-state figures of every run are
-//! printed to show it. Replacements of evicted pods and the pending pods go through the
+//! printed to show it. The descheduler runs once (one pass, then it exits); gpu-defrag runs
+//! as `make demo` runs it, with an Enforce policy whose window is open now. Replacements of evicted pods and the pending pods go through the
 //! real kube-scheduler (`--scheduler-name`, default `default-scheduler`).
 #![forbid(unsafe_code)]
 
@@ -1282,8 +1284,9 @@ async fn run_contender(
             let spec = gpu_defrag_spec(args.budget, NS);
             let (run, op) = run_gpu_defrag(&cluster, gpu_defrag, spec.clone()).await?;
             let note = format!(
-                "run {}: planned {}, evicted {}, blocked {}, bounced {}, failed {}",
+                "run {} (\"{}\"): planned {}, evicted {}, blocked {}, bounced {}, failed {}",
                 run["result"].as_str().unwrap_or("?"),
+                run["message"].as_str().unwrap_or(""),
                 run["planned"],
                 run["evicted"],
                 run["blocked"],
@@ -1776,7 +1779,7 @@ fn summary_section(all: &[(u64, Vec<Row>)]) -> String {
              gpu-defrag started {} pending multi-GPU pods ({} it: {} against {}), gave back \
              {} 8-GPU nodes against {}, with {} evictions against {} and {} replacements back \
              on their source node against {}. The largest mean drop of the fragment rate is \
-             **{lowest_frag}**'s ({:+.3}; gpu-defrag {:+.3}); the fragment rate counts idle \
+             **{lowest_frag}**'s ({:+.3}; gpu-defrag's {:+.3}); the fragment rate counts idle \
              GPUs, so pending pods that start can raise it. Fastest to settle among those that \
              evicted: **{fastest}** (the descheduler evicts its whole pass at once; gpu-defrag \
              keeps at most `maxInFlight` replacements un-Ready at a time and waits for them).",
