@@ -793,6 +793,10 @@ async fn build_cluster(args: &Args, layout: &Layout) -> Result<TestCluster> {
         },
     )
     .await?;
+    // The queue waits a little before any contender starts: creation timestamps have whole
+    // seconds, and gpu-defrag's maxPendingGpuPods guard counts pods created in the second its
+    // run started as created by the run (a queue made under a second before a run stops it).
+    tokio::time::sleep(Duration::from_secs(2)).await;
     eprintln!(
         "  start state built in {:.0}s (control plane {:.0}s)",
         t0.elapsed().as_secs_f64(),
