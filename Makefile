@@ -10,7 +10,7 @@ PREFIX ?= $(HOME)/.local
 BINDIR ?= $(PREFIX)/bin
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: all build demo test lint fmt crds check-crds check-monitoring bench clean help install uninstall
+.PHONY: all build demo test lint fmt crds check-crds check-monitoring bench bench-e2e clean help install uninstall
 
 all: build
 
@@ -66,6 +66,9 @@ check-monitoring: ## promtool check and unit tests of the alert rules (installs 
 
 bench: ## Benchmarks (figures printed; see docs/benchmarks.md)
 	@bash hack/bench.sh
+
+bench-e2e: ## The real descheduler and gpu-defrag side by side on the local control plane (docs/benchmarks-e2e.md)
+	@bash hack/bench-e2e.sh
 
 clean: ## Remove build output (not the cached Kubernetes binaries)
 	$(CARGO) clean
