@@ -6,7 +6,7 @@
 # docs/benchmarks-e2e.md. Not part of `make test` (about 15 minutes on 2 cores once the
 # control plane and the descheduler are built and cached in ~/.cache/gpu-defrag).
 #   TRACE=DIR (default ../shared/data/alibaba-gpu-v2023/csv)   SEEDS=1,2,3   BUDGET=16
-#   THRESHOLDS=20,40,60,80   SCHEDULER_NAME=default-scheduler (the GPU pods' scheduler)
+#   THRESHOLDS=20,40,60,80   SCHEDULER_NAME=gpu-binpack (the GPU pods' scheduler)
 #   BENCH_E2E_ARGS="..." (more flags of gpu-defrag-bench-e2e; see its --help)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +15,7 @@ TRACE=${TRACE:-../shared/data/alibaba-gpu-v2023/csv}
 SEEDS=${SEEDS:-1,2,3}
 BUDGET=${BUDGET:-16}
 THRESHOLDS=${THRESHOLDS:-20,40,60,80}
-SCHEDULER_NAME=${SCHEDULER_NAME:-default-scheduler}
+SCHEDULER_NAME=${SCHEDULER_NAME:-gpu-binpack}
 OUT=${OUT:-docs/benchmarks-e2e.md}
 
 echo "building the control plane and the descheduler from Go modules (cached after the first time)…" >&2

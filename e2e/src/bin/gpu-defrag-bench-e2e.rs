@@ -16,7 +16,8 @@
 //! run starts from the identical placement; the start-state figures of every run are
 //! printed to show it. The descheduler runs once (one pass, then it exits); gpu-defrag runs
 //! as `make demo` runs it, with an Enforce policy whose window is open now. Replacements of evicted pods and the pending pods go through the
-//! real kube-scheduler (`--scheduler-name`, default `default-scheduler`).
+//! real kube-scheduler (`--scheduler-name`, default `gpu-binpack`, the bin-packing second
+//! scheduler the control plane runs beside the stock default one).
 #![forbid(unsafe_code)]
 
 use std::{
@@ -98,7 +99,7 @@ fn parse_args() -> Result<Args> {
         pending4: 4,
         budget: 16,
         thresholds: vec![20, 40, 60, 80],
-        scheduler_name: "default-scheduler".into(),
+        scheduler_name: gpu_defrag_e2e::fixtures::GPU_SCHEDULER.into(),
         descheduler: None,
         only: None,
         doc: None,
