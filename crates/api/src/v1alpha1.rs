@@ -721,8 +721,8 @@ pub struct RunRecord {
     /// `Running` while it lasts, then how it ended: `Succeeded` (every planned move
     /// done), `Partial` (some moves blocked, failed or bounced), `Stalled` (a replacement
     /// was not Ready in time), `Stopped` (a safety guard), `WindowClosed`,
-    /// `BenefitNotRealized` (every move done, but the fragment rate fell by less than half
-    /// the forecast drop), `Aborted`.
+    /// `BenefitNotRealized` (every move done, but the fragment rate, measured without the
+    /// GPU pods pending at the start, fell by less than half the forecast drop), `Aborted`.
     pub result: String,
     /// Why it ended that way.
     #[serde(default)]

@@ -47,7 +47,8 @@ string_enum! {
         /// The window closed; moves in flight were finished.
         WindowClosed,
         /// Every move done, but the fragment rate fell by less than half of what the plan
-        /// forecast (other pods took the freed capacity, or the forecast was wrong).
+        /// forecast (measured without the GPU pods that were pending when the run started:
+        /// capacity they took is benefit realised).
         BenefitNotRealized,
         /// Ended without finishing: the policy became invalid or changed, leadership was
         /// lost, or the operator restarted outside the run's window.

@@ -2,7 +2,7 @@
 //! progress, metrics, leadership and events; the error of a reconcile or run step; the
 //! status writer; and [`Ctx::observe`], the one place that turns the caches into the cluster
 //! model and a plan (for the controller and the executor alike).
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -291,6 +291,11 @@ impl Observed {
 impl Ctx {
     /// The cluster model of the stores' current objects, built without copying them.
     pub fn cluster(&self, now: Option<DateTime<Utc>>) -> Cluster {
+        self.cluster_without(now, &HashSet::new())
+    }
+
+    /// [`Ctx::cluster`] without the pods whose UID is in `skip`.
+    pub fn cluster_without(&self, now: Option<DateTime<Utc>>, skip: &HashSet<String>) -> Cluster {
         let (nodes, pods, pdbs) = (self.nodes.state(), self.pods.state(), self.pdbs.state());
         let devices = self.devices.objects();
         let owners = self.owners.snapshot();
@@ -298,7 +303,11 @@ impl Ctx {
         ingest::build_cluster_from(
             ingest::ObjectRefs {
                 nodes: nodes.iter().map(|n| n.as_ref()).collect(),
-                pods: pods.iter().map(|p| p.as_ref()).collect(),
+                pods: pods
+                    .iter()
+                    .filter(|p| p.metadata.uid.as_ref().is_none_or(|u| !skip.contains(u)))
+                    .map(|p| p.as_ref())
+                    .collect(),
                 pdbs: pdbs.iter().map(|p| p.as_ref()).collect(),
                 devices: &devices,
                 controllers: owners.controllers(),

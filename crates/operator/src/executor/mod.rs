@@ -17,7 +17,7 @@ pub mod fences;
 pub mod outcome;
 pub mod waits;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -178,6 +178,10 @@ struct Run {
     /// Drain units (batches) given up: one of their evictions was refused or no longer
     /// safe, so the rest of them is not sent (a unit frees nothing half drained).
     given_up: BTreeSet<usize>,
+    /// UIDs of the GPU pods Pending when the run started: the queue it came to serve.
+    /// Capacity they take is benefit realised, so the verdict on the forecast leaves them
+    /// out. `None` for a resumed run (no verdict then).
+    queued: Option<HashSet<String>>,
 }
 
 impl Run {
@@ -195,6 +199,15 @@ impl Run {
         let name = dp.name_any();
         let old = dp.status.clone().unwrap_or_default();
         let obs = ctx.observe(&policy, resume.as_ref(), Utc::now());
+        let queued = resume.is_none().then(|| {
+            obs.cluster
+                .pods
+                .iter()
+                .filter(|p| p.is_pending() && p.shape.is_some_and(|s| s.gpus > 0))
+                .filter(|p| !p.uid.is_empty())
+                .map(|p| p.uid.clone())
+                .collect()
+        });
         let mut plan = obs.plan;
         let mut rec = resume.clone().unwrap_or_else(|| RunRecord {
             id: format!("{}-{}", name, obs.now.format("%Y%m%dt%H%M%S")),
@@ -273,6 +286,7 @@ impl Run {
             fences,
             stop,
             given_up: BTreeSet::new(),
+            queued,
         };
         (run, steps)
     }
@@ -534,12 +548,18 @@ impl Run {
 
     /// Measures the result and records it in `lastRuns`, metrics and an event.
     async fn record_end(mut self, stop: Option<Stop>) -> Result<(), Error> {
-        let after = frag::report(&self.ctx.cluster(Some(Utc::now())), &self.policy);
+        let now = Utc::now();
+        let after = frag::report(&self.ctx.cluster(Some(now)), &self.policy);
+        // What the moves achieved, without the queued pods that started meanwhile (they
+        // took freed capacity: the run's purpose, not a shortfall).
+        let realised = self.queued.as_ref().map(|q| {
+            frag::report(&self.ctx.cluster_without(Some(now), q), &self.policy).fragment_rate
+        });
         let rec = &mut self.rec;
         rec.fragment_rate_after = Some(after.fragment_rate);
         rec.fully_free_gpus_after = Some(after.fully_free_gpus as i64);
-        rec.finished_at = Some(ts(Utc::now()));
-        let (result, why) = outcome::result_of(stop.as_ref(), rec);
+        rec.finished_at = Some(ts(now));
+        let (result, why) = outcome::result_of(stop.as_ref(), rec, realised);
         rec.result = result.as_str().into();
         rec.message = outcome::message(&why, self.cut.as_deref(), rec);
         let last = outcome::last_runs(rec, &self.last_runs);

@@ -89,7 +89,13 @@ pub fn account(rec: &mut RunRecord, before: RunRecord, result: &EvictionResult) 
 }
 
 /// The result of a finished run and why.
-pub fn result_of(stop: Option<&Stop>, rec: &RunRecord) -> (RunResult, String) {
+/// `realised` is the fragment rate after the run without the pods that were queued at its
+/// start (`None`: no verdict on the forecast).
+pub fn result_of(
+    stop: Option<&Stop>,
+    rec: &RunRecord,
+    realised: Option<f64>,
+) -> (RunResult, String) {
     match stop {
         Some(Stop::WindowClosed) => (
             RunResult::WindowClosed,
@@ -106,12 +112,12 @@ pub fn result_of(stop: Option<&Stop>, rec: &RunRecord) -> (RunResult, String) {
             RunResult::Partial,
             "some moves were blocked, failed, bounced or skipped".to_string(),
         ),
-        None => match shortfall(rec) {
+        None => match shortfall(rec, realised) {
             Some((forecast, realised)) => (
                 RunResult::BenefitNotRealized,
                 format!(
-                    "every planned move done, but the fragment rate fell by {:.1} points where \
-                     the plan forecast {:.1}",
+                    "every planned move done, but the fragment rate fell by {:.1} points (the \
+                     pods queued at the start left out) where the plan forecast {:.1}",
                     realised * 100.0,
                     forecast * 100.0
                 ),
@@ -129,10 +135,10 @@ pub const REALISED_SHARE: f64 = 0.5;
 
 /// `(forecast drop, realised drop)` of the fragment rate when the run fell short of its
 /// forecast by more than the margin ([`REALISED_SHARE`]); `None` when it did not, or when
-/// there is no forecast to hold it against.
-pub fn shortfall(rec: &RunRecord) -> Option<(f64, f64)> {
+/// there is no forecast or no measure (`after`) to hold it against.
+pub fn shortfall(rec: &RunRecord, after: Option<f64>) -> Option<(f64, f64)> {
     let forecast = rec.fragment_rate_before - rec.expected_fragment_rate_after?;
-    let realised = rec.fragment_rate_before - rec.fragment_rate_after?;
+    let realised = rec.fragment_rate_before - after?;
     (forecast >= MIN_FORECAST_DROP && realised < REALISED_SHARE * forecast)
         .then_some((forecast, realised))
 }
@@ -242,43 +248,52 @@ mod tests {
 
     #[test]
     fn a_run_that_fell_short_of_its_forecast_says_so() {
-        let run = |before: f64, forecast: Option<f64>, after: f64| RunRecord {
+        let run = |before: f64, forecast: Option<f64>| RunRecord {
             fragment_rate_before: before,
             expected_fragment_rate_after: forecast,
-            fragment_rate_after: Some(after),
+            fragment_rate_after: Some(0.9),
             ..Default::default()
         };
         // Forecast 0.50 → 0.10 (40 points): 0.25 realises 25 points (> half), 0.35 only 15.
         assert_eq!(
-            result_of(None, &run(0.5, Some(0.1), 0.25)).0,
+            result_of(None, &run(0.5, Some(0.1)), Some(0.25)).0,
             RunResult::Succeeded
         );
-        let (r, why) = result_of(None, &run(0.5, Some(0.1), 0.35));
+        let (r, why) = result_of(None, &run(0.5, Some(0.1)), Some(0.35));
         assert_eq!(r, RunResult::BenefitNotRealized);
-        assert!(
-            why.contains("15.0 points where the plan forecast 40.0"),
-            "{why}"
-        );
+        assert!(why.contains("15.0 points"), "{why}");
+        assert!(why.contains("forecast 40.0"), "{why}");
         // Worse than before: short too.
         assert_eq!(
-            result_of(None, &run(0.5, Some(0.1), 0.6)).0,
+            result_of(None, &run(0.5, Some(0.1)), Some(0.6)).0,
             RunResult::BenefitNotRealized
         );
-        // No forecast (a record of an older version), or a negligible one: no verdict.
+        // The verdict is on the realised rate (queued pods left out), not on the rate
+        // after (0.9 here: the queue it served took the freed capacity).
         assert_eq!(
-            result_of(None, &run(0.5, None, 0.5)).0,
+            result_of(None, &run(0.5, Some(0.1)), Some(0.1)).0,
+            RunResult::Succeeded
+        );
+        // No forecast (a record of an older version), a negligible one, or no measure (a
+        // resumed run): no verdict.
+        assert_eq!(
+            result_of(None, &run(0.5, None), Some(0.5)).0,
             RunResult::Succeeded
         );
         assert_eq!(
-            result_of(None, &run(0.5, Some(0.495), 0.5)).0,
+            result_of(None, &run(0.5, Some(0.495)), Some(0.5)).0,
+            RunResult::Succeeded
+        );
+        assert_eq!(
+            result_of(None, &run(0.5, Some(0.1)), None).0,
             RunResult::Succeeded
         );
         // A run that stopped or was partial keeps that result.
         let partial = RunRecord {
             blocked: 1,
-            ..run(0.5, Some(0.1), 0.5)
+            ..run(0.5, Some(0.1))
         };
-        assert_eq!(result_of(None, &partial).0, RunResult::Partial);
+        assert_eq!(result_of(None, &partial, Some(0.5)).0, RunResult::Partial);
     }
 
     #[test]
@@ -288,32 +303,33 @@ mod tests {
             bounced: 1,
             ..Default::default()
         };
-        assert_eq!(result_of(None, &clean).0, RunResult::Succeeded);
-        assert_eq!(result_of(None, &bumpy).0, RunResult::Partial);
+        assert_eq!(result_of(None, &clean, None).0, RunResult::Succeeded);
+        assert_eq!(result_of(None, &bumpy, None).0, RunResult::Partial);
         let stalled = Stop::Stalled("the replacement of a/b was not Ready within 5s".into());
         assert_eq!(
-            result_of(Some(&stalled), &bumpy),
+            result_of(Some(&stalled), &bumpy, None),
             (
                 RunResult::Stalled,
                 "the replacement of a/b was not Ready within 5s".into()
             )
         );
         assert_eq!(
-            result_of(Some(&Stop::PendingPileUp(7)), &clean).0,
+            result_of(Some(&Stop::PendingPileUp(7)), &clean, None).0,
             RunResult::Stopped
         );
         assert_eq!(
-            result_of(Some(&Stop::WindowClosed), &clean).0,
+            result_of(Some(&Stop::WindowClosed), &clean, None).0,
             RunResult::WindowClosed
         );
         assert_eq!(
-            result_of(Some(&Stop::LostLeadership), &clean).0,
+            result_of(Some(&Stop::LostLeadership), &clean, None).0,
             RunResult::Aborted
         );
         assert_eq!(
             result_of(
                 Some(&Stop::Requested("the policy was deleted".into())),
-                &bumpy
+                &bumpy,
+                None
             ),
             (RunResult::Stopped, "stopped: the policy was deleted".into())
         );
@@ -337,7 +353,7 @@ mod tests {
         );
         let skipping = RunRecord { skipped: 2, ..rec };
         assert!(message("done", None, &skipping).contains("failed 0, skipped 2;"));
-        assert_eq!(result_of(None, &skipping).0, RunResult::Partial);
+        assert_eq!(result_of(None, &skipping, None).0, RunResult::Partial);
     }
 
     #[test]
