@@ -10,6 +10,8 @@
 //!   said is printed (`E2E-FIGURE dra`).
 //! - Pods using a named claim (one shared by two pods, one used by a single pod) are never
 //!   moved.
+//! - A single GPU is drained behind the run's own DeviceTaintRule, gone after the run;
+//!   the template-claim pod's replacement gets a new claim (`E2E-FIGURE dra-gpu`).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -21,15 +23,20 @@ use gpu_defrag_e2e::{
     fakedra::{DRIVER, dra_pool},
     fixtures::{FAKE_IMAGE, GPU_SCHEDULER, pods, wait_for},
     operator::{
-        Operator, PodWatch, float_at, fragment, int_at, open_window_every_minute, patch_policy,
-        pod_node, policy_status, str_at, strings_at, wait_deployments_ready, wait_status,
+        Operator, PodWatch, allow_one_disruption, float_at, fragment, int_at,
+        open_window_every_minute, patch_policy, pod_app, pod_node, policy_status, str_at,
+        strings_at, wait_deployments_ready, wait_status,
     },
     shared,
 };
-use k8s_openapi::api::{apps::v1::Deployment, core::v1::Pod, resource::v1::ResourceClaim};
+use k8s_openapi::api::{
+    apps::v1::Deployment,
+    core::v1::{Node, Pod},
+    resource::v1::{DeviceTaintRule, ResourceClaim, ResourceClaimTemplate},
+};
 use kube::{
     Api, Client,
-    api::{ListParams, PostParams},
+    api::{ListParams, Patch, PatchParams, PostParams},
 };
 use serde_json::{Value, json};
 
@@ -346,5 +353,274 @@ async fn pods_using_a_named_claim_are_never_moved() {
         "a run started: {st:#}"
     );
     assert_eq!(c.uids().await, uids_before, "a claim pod was replaced");
+    c.cleanup(&[c.name()]).await;
+}
+
+/// Marks the pool's nodes unschedulable but `keep` (all schedulable with `None`): the
+/// next pods land where the test wants them, their replacements anywhere.
+async fn cordon_all_but(c: &Case, keep: Option<&str>) {
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    for n in &c.pool.nodes {
+        let unschedulable = keep.is_some_and(|k| k != n);
+        nodes
+            .patch(
+                n,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"unschedulable": unschedulable}})),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+/// A Deployment of one pod on the pool whose GPU comes from the ResourceClaimTemplate
+/// `template` (the claim is the pod's own; its replacement gets a new one).
+fn template_claim_deployment(c: &Case, app: &str, template: &str) -> Deployment {
+    let mut d = named_claim_deployment(c, app, "unused");
+    let spec = d.spec.template.spec.as_mut().unwrap();
+    spec.resource_claims = Some(vec![
+        serde_json::from_value(json!({"name": "gpu", "resourceClaimTemplateName": template}))
+            .unwrap(),
+    ]);
+    d
+}
+
+/// The template claim a pod holds (`status.resourceClaimStatuses`).
+fn template_claim(p: &Pod) -> Option<String> {
+    p.status
+        .as_ref()?
+        .resource_claim_statuses
+        .as_ref()?
+        .iter()
+        .find_map(|s| s.resource_claim_name.clone())
+}
+
+/// Single DRA GPUs are drained behind a DeviceTaintRule. Two 8-GPU DRA nodes: `a` holds a
+/// pod using a named claim (never moved) and four pods that opted out
+/// (`gpu-defrag.io/do-not-disrupt`); `b` five pods whose GPU comes from a
+/// ResourceClaimTemplate. Three GPUs free on each, a 4-GPU shape fits nowhere. Neither
+/// node can be emptied; one pod moving from `b` to `a` makes room for the shape on `b`.
+/// The plan drains that one GPU; the run fences it with its own `NoSchedule`
+/// DeviceTaintRule (selecting driver, pool and device), never taints the node, and
+/// deletes the rule when it ends; the replacement gets a new claim. Where it landed is
+/// printed (`E2E-FIGURE dra-gpu`).
+#[tokio::test]
+async fn a_single_dra_gpu_is_drained_behind_its_own_device_taint_rule() {
+    let c = dra_case("dra-gpu", 2).await;
+    let (a, b) = (c.pool.nodes[0].clone(), c.pool.nodes[1].clone());
+    let claims = Api::<ResourceClaim>::namespaced(c.client.clone(), c.name());
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "anchor-gpu"},
+        "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+    }))
+    .unwrap();
+    claims.create(&PostParams::default(), &claim).await.unwrap();
+    let template: ResourceClaimTemplate = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "one-gpu"},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}},
+    }))
+    .unwrap();
+    Api::<ResourceClaimTemplate>::namespaced(c.client.clone(), c.name())
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    let deployments = c.deployments();
+
+    // Node a: the named-claim pod and four pods that opted out.
+    cordon_all_but(&c, Some(&a)).await;
+    let mut on_a = vec!["anchor".to_string()];
+    deployments
+        .create(
+            &PostParams::default(),
+            &named_claim_deployment(&c, "anchor", "anchor-gpu"),
+        )
+        .await
+        .unwrap();
+    for i in 0..4 {
+        let app = format!("keep-{i}");
+        let mut d = c.pool.deployment(&app, 1, 1).unwrap();
+        d.spec
+            .template
+            .metadata
+            .get_or_insert_with(Default::default)
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert("gpu-defrag.io/do-not-disrupt".into(), "true".into());
+        deployments
+            .create(&PostParams::default(), &d)
+            .await
+            .unwrap();
+        on_a.push(app);
+    }
+    wait_deployments_ready(&c.client, c.name(), &on_a, T)
+        .await
+        .unwrap();
+    // Node b: five template-claim pods, each free to move.
+    cordon_all_but(&c, Some(&b)).await;
+    let movable: Vec<String> = (0..5).map(|i| format!("tmpl-{i}")).collect();
+    for app in &movable {
+        deployments
+            .create(
+                &PostParams::default(),
+                &template_claim_deployment(&c, app, "one-gpu"),
+            )
+            .await
+            .unwrap();
+    }
+    wait_deployments_ready(&c.client, c.name(), &movable, T)
+        .await
+        .unwrap();
+    cordon_all_but(&c, None).await;
+    allow_one_disruption(&c.client, c.name(), &movable)
+        .await
+        .unwrap();
+    let running = pods(&c.client, c.name(), "").await.unwrap();
+    for p in &running {
+        let (app, node) = (pod_app(p), pod_node(p).unwrap_or_default());
+        let want = if movable.iter().any(|m| m == app) {
+            &b
+        } else {
+            &a
+        };
+        assert_eq!(node, want.as_str(), "{app} runs on {node}");
+    }
+    let old_claims: BTreeMap<String, String> = running
+        .iter()
+        .filter_map(|p| Some((pod_app(p).to_string(), template_claim(p)?)))
+        .collect();
+    assert_eq!(old_claims.len(), 5, "{old_claims:?}");
+
+    c.dry_run_policy(
+        json!([{"gpus": 4}]),
+        json!({"maxEvictionsPerRun": 4, "maxEvictionsPerNode": 4,
+               "maxEvictionsPerNamespace": 10, "maxInFlight": 1}),
+    )
+    .await;
+    let _op = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
+    let st = wait_status(&c.client, c.name(), "a plan draining one GPU", T, |s| {
+        int_at(s, "/plan/totalMoves") == Some(1)
+    })
+    .await
+    .unwrap();
+    assert_eq!(int_at(&st, "/fragmentation/gpus"), Some(16), "{st:#}");
+    assert_eq!(int_at(&st, "/fragmentation/unknownPods"), Some(0), "{st:#}");
+    assert_eq!(
+        int_at(&st, "/skipped/named-resource-claim"),
+        Some(1),
+        "{st:#}"
+    );
+    let m = &st["plan"]["moves"][0];
+    assert_eq!(
+        (str_at(m, "/fromNode"), str_at(m, "/toNode")),
+        (Some(b.as_str()), Some(a.as_str())),
+        "{st:#}"
+    );
+    let drained = strings_at(m, "/fromDevices");
+    assert_eq!(drained.len(), 1, "{st:#}");
+    let drained = drained[0].clone();
+    let moved_pod = str_at(m, "/pod")
+        .unwrap()
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let moved_app = running
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some(moved_pod.as_str()))
+        .map(|p| pod_app(p).to_string())
+        .unwrap();
+
+    // Every DeviceTaintRule seen while the run goes on, from a watch.
+    let seen: std::sync::Arc<std::sync::Mutex<BTreeMap<String, Value>>> = Default::default();
+    let watch = {
+        let (seen, api) = (seen.clone(), Api::<DeviceTaintRule>::all(c.client.clone()));
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            use kube::runtime::WatchStreamExt;
+            let mut events = kube::runtime::watcher(api, Default::default())
+                .default_backoff()
+                .applied_objects()
+                .boxed();
+            while let Some(event) = events.next().await {
+                let Ok(r) = event else { continue };
+                let v = serde_json::to_value(&r).unwrap_or_default();
+                seen.lock()
+                    .unwrap()
+                    .insert(r.metadata.name.clone().unwrap_or_default(), v);
+            }
+        })
+    };
+    let node_watch = PodWatch::start(&c.client, c.name(), &c.pool, c.name())
+        .await
+        .unwrap();
+    c.enforce_now().await;
+    let st = c.finished_run().await;
+    let run = st.pointer("/lastRuns/0").unwrap().clone();
+    assert_eq!(str_at(&run, "/result"), Some("Succeeded"), "{run:#}");
+    assert_eq!(int_at(&run, "/evicted"), Some(1), "{run:#}");
+    assert_eq!(strings_at(&run, "/fencedNodes"), Vec::<String>::new());
+    assert_eq!(
+        run.pointer("/fencedDevices"),
+        Some(&json!([{"node": b, "gpu": drained, "driver": DRIVER, "pool": b}])),
+        "{run:#}"
+    );
+    wait_deployments_ready(&c.client, c.name(), &movable, T)
+        .await
+        .unwrap();
+    watch.abort();
+    let seen = seen.lock().unwrap().clone();
+    // The run's rule: NoSchedule on exactly the drained device, labelled with its policy.
+    let ours: Vec<&Value> = seen
+        .values()
+        .filter(|r| r.pointer("/metadata/labels/gpu-defrag.io~1fence") == Some(&json!(c.name())))
+        .collect();
+    assert_eq!(ours.len(), 1, "{seen:#?}");
+    assert_eq!(
+        ours[0]["spec"]["deviceSelector"],
+        json!({"driver": DRIVER, "pool": b, "device": drained}),
+        "{seen:#?}"
+    );
+    assert_eq!(ours[0]["spec"]["taint"]["effect"], "NoSchedule");
+    // Gone after the run.
+    let left = Api::<DeviceTaintRule>::all(c.client.clone())
+        .list(&ListParams::default().labels(&format!("gpu-defrag.io/fence={}", c.name())))
+        .await
+        .unwrap();
+    assert!(left.items.is_empty(), "{:?}", left.items);
+    // No node was tainted; the replacement has a claim of its own; where it landed.
+    assert_eq!(node_watch.seen().violations, BTreeMap::new());
+    assert_eq!(c.fenced_nodes().await, Vec::<String>::new());
+    let now = pods(&c.client, c.name(), &format!("app={moved_app}"))
+        .await
+        .unwrap();
+    assert_eq!(now.len(), 1);
+    let new_claim = template_claim(&now[0]).expect("the replacement has no claim");
+    assert_ne!(
+        Some(&new_claim),
+        old_claims.get(&moved_app),
+        "the claim was reused"
+    );
+    let landed = pod_node(&now[0]).unwrap_or_default().to_string();
+    let held = allocated(&c.client, c.name()).await;
+    assert!(
+        !held.get(&b).is_some_and(|d| d.contains(&drained)) || landed == b,
+        "the drained device was handed out again during the run: {held:?}"
+    );
+    let st = wait_status(&c.client, c.name(), "the new fragmentation", T, |s| {
+        int_at(s, "/fragmentation/unknownPods") == Some(0)
+    })
+    .await
+    .unwrap();
+    eprintln!(
+        "E2E-FIGURE dra-gpu: 1 eviction, GPU {drained} of {b} fenced by DeviceTaintRule {}; the template-claim pod's replacement landed on {landed} (plan: {a}) with a new claim; landings as planned {}/1; fragment rate {:.3} -> {:.3}",
+        ours[0]["metadata"]["name"].as_str().unwrap_or("?"),
+        u8::from(landed == a),
+        float_at(&run, "/fragmentRateBefore").unwrap_or(f64::NAN),
+        float_at(&st, "/fragmentation/fragmentRate").unwrap_or(f64::NAN),
+    );
     c.cleanup(&[c.name()]).await;
 }

@@ -689,8 +689,22 @@ pub struct WindowTimes {
 pub struct FencedDevice {
     /// Node of the GPU.
     pub node: String,
-    /// The GPU's UUID.
+    /// The GPU: a HAMi GPU's UUID (fenced in `hami.io/device-cordon`), or a DRA device's
+    /// name in its pool (fenced by a `DeviceTaintRule`).
     pub gpu: String,
+    /// A DRA device's driver (`gpu.nvidia.com`); absent for a HAMi GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
+    /// A DRA device's pool (the node's name for the NVIDIA driver); absent for a HAMi GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+}
+
+impl FencedDevice {
+    /// A DRA device's `(driver, pool)`: its fence is a `DeviceTaintRule`.
+    pub fn dra(&self) -> Option<(&str, &str)> {
+        Some((self.driver.as_deref()?, self.pool.as_deref()?))
+    }
 }
 
 /// An eviction whose replacement is not Ready yet.

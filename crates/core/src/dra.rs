@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1 as corev1;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
 
 use crate::formats;
 use crate::model::{DraGpu, GPU_MILLI, Gpu, MigPool, Milli};
@@ -33,6 +33,10 @@ pub const NVIDIA_GPU_CLASS: &str = "gpu.nvidia.com";
 pub const NVIDIA_MIG_CLASS: &str = "mig.nvidia.com";
 /// The standard attribute naming a device's PCIe root complex.
 pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+/// The label on the `DeviceTaintRule`s a run of this operator creates to fence single DRA
+/// devices; its value is the policy's fence id. Such rules are the run's own fence: the
+/// device stays as it is in the model (the run is emptying it, its plan counts it freed).
+pub const DEVICE_FENCE_LABEL: &str = "gpu-defrag.io/fence";
 /// Most devices read per node (as for the other schemes).
 const MAX_DEVICES_PER_NODE: usize = formats::MAX_DEVICES_PER_NODE;
 
@@ -301,6 +305,7 @@ impl Inventory {
         slices: &[&ResourceSlice],
         claims: &[&ResourceClaim],
         classes: &[&DeviceClass],
+        rules: &[&DeviceTaintRule],
     ) -> Inventory {
         let mut inv = Inventory {
             present: !(slices.is_empty() && claims.is_empty() && classes.is_empty()),
@@ -332,6 +337,7 @@ impl Inventory {
             .collect();
         inv.extended.extend(implicit);
         inv.read_slices(slices);
+        inv.apply_rules(rules);
         for c in claims {
             let ns = c.metadata.namespace.clone().unwrap_or_default();
             let Some(name) = c.metadata.name.clone() else {
@@ -371,6 +377,43 @@ impl Inventory {
     /// A claim by namespace and name.
     pub(crate) fn claim(&self, ns: &str, name: &str) -> Option<&Claim> {
         self.claims.get(&(ns.to_string(), name.to_string()))
+    }
+
+    /// Adds the taints of `DeviceTaintRule`s to the devices they select, as the scheduler
+    /// does (a rule's taint adds to the slice's). Every set field of the selector must
+    /// match; an empty selector matches every device, a rule without one none. The rules a
+    /// run of this operator made ([`DEVICE_FENCE_LABEL`]) are left out.
+    fn apply_rules(&mut self, rules: &[&DeviceTaintRule]) {
+        for r in rules {
+            if r.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(DEVICE_FENCE_LABEL))
+            {
+                continue;
+            }
+            let Some(sel) = r.spec.device_selector.as_ref() else {
+                continue;
+            };
+            let t = &r.spec.taint;
+            let text = format!(
+                "{}={}:{} (DeviceTaintRule {})",
+                t.key,
+                t.value.as_deref().unwrap_or_default(),
+                t.effect,
+                r.metadata.name.as_deref().unwrap_or_default()
+            );
+            let keeps_off = t.effect == "NoSchedule" || t.effect == "NoExecute";
+            for d in &mut self.devs {
+                let hit = sel.driver.as_ref().is_none_or(|x| *x == d.driver)
+                    && sel.pool.as_ref().is_none_or(|x| *x == d.pool)
+                    && sel.device.as_ref().is_none_or(|x| *x == d.name);
+                if hit {
+                    d.taints.push(text.clone());
+                    d.tainted |= keeps_off;
+                }
+            }
+        }
     }
 
     fn read_slices(&mut self, slices: &[&ResourceSlice]) {
@@ -1156,7 +1199,7 @@ mod tests {
         assert_eq!(class_kind(&odd).1, Vec::<String>::new());
         let odd = class("o", "device.driver", None);
         assert_eq!(class_kind(&odd).1, Vec::<String>::new());
-        let inv = Inventory::build(&[], &[], &[&nv, &acme]);
+        let inv = Inventory::build(&[], &[], &[&nv, &acme], &[]);
         assert!(inv.is_gpu_driver("gpu.acme.io") && inv.is_gpu_driver(NVIDIA_DRIVER));
         assert_eq!(inv.extended_kind("nvidia.com/gpu"), Some(DeviceKind::Gpu));
         assert_eq!(

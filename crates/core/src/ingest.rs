@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1 as corev1;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -86,6 +86,8 @@ pub struct Objects {
     pub resource_claims: Vec<ResourceClaim>,
     /// DRA `DeviceClass`es.
     pub device_classes: Vec<DeviceClass>,
+    /// DRA `DeviceTaintRule`s.
+    pub device_taint_rules: Vec<DeviceTaintRule>,
     /// Which of these kinds the input lists in full.
     pub listed: Listed,
 }
@@ -397,6 +399,7 @@ pub fn build_cluster(objs: &Objects, now: Option<DateTime<Utc>>) -> Cluster {
             resource_slices: objs.resource_slices.iter().collect(),
             resource_claims: objs.resource_claims.iter().collect(),
             device_classes: objs.device_classes.iter().collect(),
+            device_taint_rules: objs.device_taint_rules.iter().collect(),
             listed: objs.listed,
         },
         now,
@@ -426,6 +429,8 @@ pub struct ObjectRefs<'a> {
     pub resource_claims: Vec<&'a ResourceClaim>,
     /// DRA `DeviceClass`es.
     pub device_classes: Vec<&'a DeviceClass>,
+    /// DRA `DeviceTaintRule`s.
+    pub device_taint_rules: Vec<&'a DeviceTaintRule>,
     /// Which kinds are listed in full.
     pub listed: Listed,
 }
@@ -463,6 +468,7 @@ pub fn build_cluster_from(mut objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) 
         &objs.resource_slices,
         &objs.resource_claims,
         &objs.device_classes,
+        &objs.device_taint_rules,
     );
     let mut built: Vec<(Node, NodeCtx)> = objs
         .nodes
@@ -572,6 +578,7 @@ pub fn build_cluster_from(mut objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) 
         now,
         protected_namespaces: workload::protected_namespaces(objs.namespaces.iter().copied()),
         unchecked,
+        dra_device_fences: objs.listed.device_taint_rules,
     };
     // kubectl lists pods in this order already; checking is cheaper than sorting.
     fn key(p: &Pod) -> (&str, &str) {

@@ -608,6 +608,9 @@ pub struct Cluster {
     /// What the input did not let the model check (owner chains, namespaces, pod
     /// groups), one sentence each; reports and plans print them.
     pub unchecked: Vec<String>,
+    /// A run can fence a single DRA device (`DeviceTaintRule`s are served): only then are
+    /// single GPUs of DRA nodes drained by themselves.
+    pub dra_device_fences: bool,
 }
 
 impl Cluster {

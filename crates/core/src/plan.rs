@@ -319,9 +319,13 @@ pub struct Batch {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu: Option<String>,
     /// The GPU of this GPU unit can be fenced by itself during a run: the node is a HAMi
-    /// node, whose scheduler keeps new pods off the GPUs listed in `hami.io/device-cordon`.
+    /// node, whose scheduler keeps new pods off the GPUs listed in `hami.io/device-cordon`,
+    /// or a DRA node, where a `DeviceTaintRule` keeps new claims off the device.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub device_fence: bool,
+    /// The DRA device of this GPU unit, where its fence is a `DeviceTaintRule`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dra_device: Option<DraDevice>,
     /// Moves in it.
     pub moves: usize,
     /// Fragment milli it removes (expected).
@@ -374,8 +378,21 @@ pub struct SkippedPod {
 pub struct FencedDevice {
     /// Node.
     pub node: String,
-    /// GPU key (a HAMi device UUID).
+    /// GPU key: a HAMi device UUID, or a DRA device's name in its pool.
     pub gpu: String,
+    /// A DRA device's driver and pool (its fence is a `DeviceTaintRule` selecting driver,
+    /// pool and device); none for a HAMi GPU (fenced in `hami.io/device-cordon`).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub dra: Option<DraDevice>,
+}
+
+/// Where a DRA device is published: what a `DeviceTaintRule` selects, with its name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct DraDevice {
+    /// Driver (`gpu.nvidia.com`).
+    pub driver: String,
+    /// Pool (the node's name for the NVIDIA driver).
+    pub pool: String,
 }
 
 impl Batch {
@@ -395,6 +412,7 @@ impl Batch {
         Some(FencedDevice {
             node: self.node.clone(),
             gpu: gpu.clone(),
+            dra: self.dra_device.clone(),
         })
     }
 }
@@ -1276,12 +1294,16 @@ fn add_partial_units(
 ) {
     let node = &c.nodes[n];
     match node.granularity {
-        // A DRA GPU cannot be fenced alone yet (no DeviceTaintRule fences): the scheduler's
-        // first-fit could hand the drained device straight back. Only whole-node drains,
-        // fenced by the node taint, are planned there.
-        Granularity::Device if node.scheme == Scheme::Dra => {}
+        // A DRA GPU drained by itself is fenced with a DeviceTaintRule (else the
+        // scheduler's first fit could hand the drained device straight back): without
+        // them (served from Kubernetes 1.37 on), only whole-node drains, fenced by the node
+        // taint, are planned there.
+        Granularity::Device if node.scheme == Scheme::Dra && !c.dra_device_fences => {}
         Granularity::Device => {
             for g in 0..node.gpus.len() {
+                if node.scheme == Scheme::Dra && node.dra.get(g).is_none() {
+                    continue;
+                }
                 let on: Vec<usize> = pods
                     .iter()
                     .copied()
@@ -1604,7 +1626,16 @@ pub fn plan_with_activity(
             kind: u.kind,
             node: cluster.nodes[u.node].name.clone(),
             gpu: u.gpu.map(|g| cluster.nodes[u.node].gpus[g].key.clone()),
-            device_fence: u.kind == UnitKind::Gpu && cluster.nodes[u.node].scheme == Scheme::Hami,
+            device_fence: u.kind == UnitKind::Gpu
+                && matches!(cluster.nodes[u.node].scheme, Scheme::Hami | Scheme::Dra),
+            dra_device: u
+                .gpu
+                .filter(|_| u.kind == UnitKind::Gpu && cluster.nodes[u.node].scheme == Scheme::Dra)
+                .and_then(|g| cluster.nodes[u.node].dra.get(g))
+                .map(|d| DraDevice {
+                    driver: d.driver.clone(),
+                    pool: d.pool.clone(),
+                }),
             moves: placed.len(),
             gain_milli: frag_before - after_batch.fragment_milli,
             after: after_batch,

@@ -2,13 +2,13 @@
 //! `kubectl get nodes,pods,pdb -A -o yaml` prints it, optionally with the pods' owners
 //! (`replicasets,statefulsets,jobs`), `namespaces`, Volcano and KAI `podgroups` and
 //! Koordinator `Device` objects, and the DRA objects (`resourceslices,resourceclaims,
-//! deviceclasses`, `resource.k8s.io/v1`). A kind the snapshot carries is "listed": the model
+//! deviceclasses,devicetaintrules`, `resource.k8s.io/v1`). A kind the snapshot carries is "listed": the model
 //! checks against it (a pod whose ReplicaSet is missing from a snapshot that has
 //! ReplicaSets is never moved); a kind it lacks is reported as not checked. Errors name
 //! the item and the field.
 use k8s_openapi::api::core::v1 as corev1;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{
     DeserializeOwned, DeserializeSeed, Error as _, IgnoredAny, IntoDeserializer, MapAccess, Visitor,
@@ -136,6 +136,7 @@ enum Item {
     Slice(Box<ResourceSlice>),
     Claim(Box<ResourceClaim>),
     Class(Box<DeviceClass>),
+    Rule(Box<DeviceTaintRule>),
     Device(serde_json::Value),
     /// ReplicaSet, StatefulSet, Job, Namespace, PodGroup: read as a tree.
     Meta(String, serde_json::Value),
@@ -179,6 +180,7 @@ impl<'de> Visitor<'de> for ItemVisitor {
                 "ResourceSlice" => Item::Slice(Box::new(Deserialize::deserialize(rest)?)),
                 "ResourceClaim" => Item::Claim(Box::new(Deserialize::deserialize(rest)?)),
                 "DeviceClass" => Item::Class(Box::new(Deserialize::deserialize(rest)?)),
+                "DeviceTaintRule" => Item::Rule(Box::new(Deserialize::deserialize(rest)?)),
                 "Device" => Item::Device(Deserialize::deserialize(rest)?),
                 k if is_meta_kind(k) => Item::Meta(kind.clone(), Deserialize::deserialize(rest)?),
                 _ => {
@@ -246,6 +248,7 @@ fn parse_json(text: &str) -> Result<Objects, SnapshotError> {
             Item::Slice(x) => objs.resource_slices.push(*x),
             Item::Claim(x) => objs.resource_claims.push(*x),
             Item::Class(x) => objs.device_classes.push(*x),
+            Item::Rule(x) => objs.device_taint_rules.push(*x),
             Item::Device(d) => push_device(&mut objs, index, d)?,
             Item::Meta(kind, v) => push_meta(&mut objs, index, &kind, v)?,
             Item::Other => {}
@@ -272,6 +275,7 @@ fn parse_json_checked(text: &str) -> Result<Objects, SnapshotError> {
             "ResourceSlice" => objs.resource_slices.push(fast(index, kind, raw.get())?),
             "ResourceClaim" => objs.resource_claims.push(fast(index, kind, raw.get())?),
             "DeviceClass" => objs.device_classes.push(fast(index, kind, raw.get())?),
+            "DeviceTaintRule" => objs.device_taint_rules.push(fast(index, kind, raw.get())?),
             "Device" => {
                 let v: serde_json::Value = serde_json::from_str(raw.get())
                     .map_err(|e| SnapshotError::NotAList(short(e.to_string())))?;
@@ -311,8 +315,16 @@ fn check_kind(kind: Option<&str>) -> Result<(), SnapshotError> {
     }
 }
 
-/// Parses a snapshot from text (JSON if it starts with `{`, else YAML).
+/// Parses a snapshot from text (JSON if it starts with `{`, else YAML). A snapshot is read
+/// as of Kubernetes 1.37, where `DeviceTaintRule`s are served (a run could fence a single
+/// DRA device), whether or not it lists any.
 pub fn parse(text: &str) -> Result<Objects, SnapshotError> {
+    let mut objs = parse_items(text)?;
+    objs.listed.device_taint_rules = true;
+    Ok(objs)
+}
+
+fn parse_items(text: &str) -> Result<Objects, SnapshotError> {
     if text.len() > MAX_SNAPSHOT_BYTES {
         return Err(SnapshotError::TooLarge(text.len()));
     }
@@ -349,6 +361,9 @@ pub fn parse(text: &str) -> Result<Objects, SnapshotError> {
             "DeviceClass" => objs
                 .device_classes
                 .push(typed::<DeviceClass>(index, &kind, item)?),
+            "DeviceTaintRule" => objs
+                .device_taint_rules
+                .push(typed::<DeviceTaintRule>(index, &kind, item)?),
             "Device" => push_device(&mut objs, index, item)?,
             k if is_meta_kind(k) => push_meta(&mut objs, index, k, item)?,
             // Other kinds (Services, ConfigMaps, …) are not part of the model.

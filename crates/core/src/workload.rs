@@ -85,6 +85,9 @@ pub struct Listed {
     pub volcano_pod_groups: bool,
     /// KAI PodGroups (`scheduling.run.ai`).
     pub kai_pod_groups: bool,
+    /// DRA `DeviceTaintRule`s (`resource.k8s.io/v1`, Kubernetes 1.37): served, so a run
+    /// can fence a single DRA device with one.
+    pub device_taint_rules: bool,
 }
 
 impl Listed {

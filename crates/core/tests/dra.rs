@@ -118,7 +118,7 @@ fn the_planner_packs_dra_gpus_and_frees_a_node() {
         p.after
     );
     assert!(p.after.fragment_rate < p.before.fragment_rate);
-    // A DRA GPU cannot be fenced alone yet: only whole-node drains (node taint).
+    // Node drains free the 8-GPU nodes here (the node taint fences them).
     for b in &p.batches {
         assert_eq!(b.kind, plan::UnitKind::Node, "{b:?}");
     }
@@ -719,4 +719,173 @@ proptest! {
             prop_assert_eq!(pod(&c, &m.pod).claim_source.clone(), ClaimSource::Movable);
         }
     }
+}
+
+// ---- DeviceTaintRules: administrators' taints, the runs' own device fences ------------------
+
+fn rule(name: &str, selector: Option<Value>, effect: &str, fence: bool) -> Value {
+    let mut r = json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+        "metadata": {"name": name},
+        "spec": {"taint": {"key": "example.com/broken", "value": "yes", "effect": effect}}});
+    if let Some(sel) = selector {
+        r["spec"]["deviceSelector"] = sel;
+    }
+    if fence {
+        r["metadata"]["labels"] = json!({"gpu-defrag.io/fence": "nightly"});
+    }
+    r
+}
+
+#[test]
+fn device_taint_rules_of_administrators_taint_devices_those_of_runs_do_not() {
+    let c = build({
+        let mut items = two_gpus(json!({}));
+        items.push(rule(
+            "broken",
+            Some(json!({"driver": "gpu.nvidia.com", "pool": "n0", "device": "gpu-0"})),
+            "NoSchedule",
+            false,
+        ));
+        // A run's own fence: the run is emptying the device, its plan counts it freed.
+        items.push(rule(
+            "gpu-defrag-0123456789abcdef",
+            Some(json!({"driver": "gpu.nvidia.com", "pool": "n0", "device": "gpu-1"})),
+            "NoSchedule",
+            true,
+        ));
+        // Informational, another pool, and a rule without a selector (matches nothing).
+        items.push(rule("note", Some(json!({"pool": "n0"})), "None", false));
+        items.push(rule(
+            "elsewhere",
+            Some(json!({"pool": "n9"})),
+            "NoExecute",
+            false,
+        ));
+        items.push(rule("no-selector", None, "NoSchedule", false));
+        items
+    });
+    let n = node(&c, "n0");
+    assert_eq!(
+        n.gpus.iter().map(|g| g.healthy).collect::<Vec<_>>(),
+        [false, true]
+    );
+    assert_eq!(
+        n.dra[0].taints,
+        [
+            "example.com/broken=yes:NoSchedule (DeviceTaintRule broken)",
+            "example.com/broken=yes:None (DeviceTaintRule note)"
+        ]
+    );
+    assert_eq!(
+        n.dra[1].taints,
+        ["example.com/broken=yes:None (DeviceTaintRule note)"]
+    );
+    assert_eq!(frag::report(&c, &Policy::default()).fully_free_gpus, 1);
+    // An empty selector matches every device.
+    let c = build({
+        let mut items = two_gpus(json!({}));
+        items.push(rule("all", Some(json!({})), "NoSchedule", false));
+        items
+    });
+    assert!(node(&c, "n0").gpus.iter().all(|g| !g.healthy));
+}
+
+/// Two 8-GPU DRA nodes: `a` holds a pod with a named claim and four template-claim pods,
+/// `b` five template-claim pods; three GPUs free on each, a 4-GPU shape fits nowhere.
+fn one_gpu_apart() -> Cluster {
+    let mut items = vec![k_node("a"), k_node("b"), gpu_class()];
+    for n in ["a", "b"] {
+        let devices = (0..8)
+            .map(|i| device(&format!("gpu-{i}"), json!({})))
+            .collect();
+        items.push(k_slice(&format!("s-{n}"), n, devices, 1, 1));
+    }
+    let on = |pod: &str, node: &str, dev: usize, named: bool| -> Vec<Value> {
+        let claim = format!("{pod}-c");
+        let source = if named {
+            json!({"name": "gpu", "resourceClaimName": claim})
+        } else {
+            json!({"name": "gpu", "resourceClaimTemplateName": "t"})
+        };
+        let mut p = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod, "namespace": "ml", "uid": format!("u-{pod}"),
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": format!("rs-{pod}"), "uid": "r", "controller": true}]},
+            "spec": {"nodeName": node, "schedulerName": "gpu-binpack",
+                "containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}],
+                "resourceClaims": [source]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
+        if !named {
+            p["status"]["resourceClaimStatuses"] =
+                json!([{"name": "gpu", "resourceClaimName": claim}]);
+        }
+        vec![
+            p,
+            json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": claim, "namespace": "ml"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+                "status": {"allocation": {"devices": {"results": [
+                    {"request": "gpu", "driver": "gpu.nvidia.com", "pool": node, "device": format!("gpu-{dev}")}]}},
+                    "reservedFor": [{"resource": "pods", "name": pod, "uid": format!("u-{pod}")}]}}),
+        ]
+    };
+    items.extend(on("anchor", "a", 0, true));
+    for i in 1..5 {
+        items.extend(on(&format!("a-{i}"), "a", i, false));
+    }
+    for i in 0..5 {
+        items.extend(on(&format!("b-{i}"), "b", i, false));
+    }
+    build(items)
+}
+
+#[test]
+fn a_single_dra_gpu_is_drained_behind_a_device_fence_only_where_rules_are_served() {
+    let policy = Policy {
+        shapes: vec![TargetShape {
+            gpus: 4,
+            milli_per_gpu: 1000,
+            cpu: None,
+            memory: None,
+            models: vec![],
+            weight: 1.0,
+        }],
+        evict_single_replicas: true,
+        ..Default::default()
+    };
+    let c = one_gpu_apart();
+    assert!(c.dra_device_fences, "a snapshot is read as of 1.37");
+    assert_eq!(frag::report(&c, &policy).unknown_pods, 0);
+    let p = plan::plan(&c, &policy, None, &Default::default());
+    // Neither node can be emptied; one pod moving to the other node frees room for the
+    // shape: a single-GPU drain, fenced by itself.
+    assert_eq!(p.moves.len(), 1, "{p:#?}");
+    assert_eq!(p.batches.len(), 1);
+    let b = &p.batches[0];
+    assert_eq!(b.kind, plan::UnitKind::Gpu);
+    assert!(b.device_fence);
+    let m = &p.moves[0];
+    assert_ne!(m.from_node, m.to_node);
+    assert_eq!(b.node, m.from_node);
+    assert_eq!(
+        b.dra_device,
+        Some(plan::DraDevice {
+            driver: "gpu.nvidia.com".into(),
+            pool: m.from_node.clone(),
+        })
+    );
+    assert_eq!(
+        p.fenced_devices,
+        [plan::FencedDevice {
+            node: m.from_node.clone(),
+            gpu: m.from_devices[0].clone(),
+            dra: b.dra_device.clone(),
+        }]
+    );
+    assert!(p.fenced_nodes.is_empty());
+    assert!(p.after.fragment_rate < p.before.fragment_rate);
+    // Where DeviceTaintRules are not served, a DRA GPU is never drained by itself.
+    let mut without = c.clone();
+    without.dra_device_fences = false;
+    let p = plan::plan(&without, &policy, None, &Default::default());
+    assert!(p.moves.is_empty(), "{p:#?}");
 }

@@ -245,7 +245,8 @@ pub struct Ctx {
     pub devices: Devices,
     /// The pods' owner objects, namespaces and pod groups.
     pub owners: Owners,
-    /// DRA ResourceSlices, ResourceClaims and DeviceClasses (watched where served).
+    /// DRA ResourceSlices, ResourceClaims, DeviceClasses and DeviceTaintRules (watched where
+    /// served).
     pub dra: DraObjects,
     /// Last dry-run check per policy: plan fingerprint, when, result.
     pub dry_checks: Mutex<HashMap<String, (u64, Instant, DryRunCheck)>>,
@@ -316,7 +317,11 @@ impl Ctx {
                 resource_slices: dra.slices.iter().map(|s| s.as_ref()).collect(),
                 resource_claims: dra.claims.iter().map(|c| c.as_ref()).collect(),
                 device_classes: dra.classes.iter().map(|c| c.as_ref()).collect(),
-                listed: owners.listed,
+                device_taint_rules: dra.rules.iter().map(|r| r.as_ref()).collect(),
+                listed: gpu_defrag_core::workload::Listed {
+                    device_taint_rules: dra.rules_listed,
+                    ..owners.listed
+                },
             },
             now,
         )

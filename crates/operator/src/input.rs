@@ -12,7 +12,7 @@ use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
@@ -407,6 +407,12 @@ pub async fn read_live(client: kube::Client) -> anyhow::Result<Objects> {
     let resource_slices = list_optional::<ResourceSlice>(&client).await;
     let resource_claims = list_optional::<ResourceClaim>(&client).await;
     let device_classes = list_optional::<DeviceClass>(&client).await;
+    // DeviceTaintRules (1.37): listed, runs could fence single DRA devices.
+    let device_taint_rules = Api::<DeviceTaintRule>::all(client.clone())
+        .list(&lp)
+        .await
+        .map(|l| l.items);
+    let rules_listed = device_taint_rules.is_ok();
     Ok(Objects {
         nodes,
         pods,
@@ -418,7 +424,9 @@ pub async fn read_live(client: kube::Client) -> anyhow::Result<Objects> {
         resource_slices,
         resource_claims,
         device_classes,
+        device_taint_rules: device_taint_rules.unwrap_or_default(),
         listed: Listed {
+            device_taint_rules: rules_listed,
             replica_sets: true,
             stateful_sets: true,
             jobs: true,

@@ -149,6 +149,8 @@ impl Owners {
                 namespaces: true,
                 volcano_pod_groups: self.volcano.listed(),
                 kai_pod_groups: self.kai.listed(),
+                // Set from the DRA watches ([`crate::dra`]).
+                device_taint_rules: false,
             },
         }
     }

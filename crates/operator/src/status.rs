@@ -221,8 +221,11 @@ pub fn batches_within_record(rec: &RunRecord, plan: &Plan, in_flight_max: usize)
         if let (Some(gpu), true) = (b.gpu.as_deref(), b.fenced_device().is_some())
             && fenced_gpus.insert((b.node.as_str(), gpu))
         {
-            // {"node":"…","gpu":"…"},
+            // {"node":"…","gpu":"…"}, and ,"driver":"…","pool":"…" for a DRA device.
             bytes += b.node.len() + gpu.len() + 20;
+            if let Some(d) = &b.dra_device {
+                bytes += d.driver.len() + d.pool.len() + 22;
+            }
         }
         while let Some(m) = moves.next_if(|m| m.batch == i) {
             bytes += m.pod.len() + 3;
@@ -320,7 +323,7 @@ mod bounds {
         DefragPolicyStatus, DryRunCheck, FencedDevice as ApiFencedDevice, WindowTimes,
     };
     use gpu_defrag_core::frag::Totals;
-    use gpu_defrag_core::plan::{Batch, FencedDevice, Move, UnitKind};
+    use gpu_defrag_core::plan::{Batch, DraDevice, FencedDevice, Move, UnitKind};
 
     use super::*;
 
@@ -374,6 +377,11 @@ mod bounds {
                     node: node_name(i),
                     gpu: (i % 2 == 1).then(|| gpu(i)),
                     device_fence: i % 2 == 1,
+                    // Every other single GPU is a DRA device (its rule's selector recorded).
+                    dra_device: (i % 4 == 3).then(|| DraDevice {
+                        driver: "gpu.nvidia.com".into(),
+                        pool: node_name(i),
+                    }),
                     moves: 4,
                     gain_milli: 1000.0,
                     after: Totals::default(),
@@ -387,6 +395,10 @@ mod bounds {
                 .map(|i| FencedDevice {
                     node: node_name(i),
                     gpu: gpu(i),
+                    dra: (i % 4 == 3).then(|| DraDevice {
+                        driver: "gpu.nvidia.com".into(),
+                        pool: node_name(i),
+                    }),
                 })
                 .collect(),
             pending_served: (0..moves).map(pod_key).collect(),
@@ -409,6 +421,7 @@ mod bounds {
                 .map(|i| ApiFencedDevice {
                     node: node_name(i),
                     gpu: gpu(i),
+                    ..Default::default()
                 })
                 .collect(),
             planned: 20_000,
@@ -460,6 +473,8 @@ mod bounds {
             .map(|d| ApiFencedDevice {
                 node: d.node.clone(),
                 gpu: d.gpu.clone(),
+                driver: d.dra.as_ref().map(|x| x.driver.clone()),
+                pool: d.dra.as_ref().map(|x| x.pool.clone()),
             })
             .collect();
         assert!(!active.fenced_devices.is_empty());

@@ -169,19 +169,31 @@ fn cluster_role_is_least_privilege() {
             "deviceclasses",
             &["get", "list", "watch"],
         ),
+        // The run's own device fences (delete: only the rules it labelled, see below).
+        grant(
+            "resource.k8s.io",
+            "devicetaintrules",
+            &["create", "delete", "get", "list", "watch"],
+        ),
     ]
     .into_iter()
     .collect();
     assert_eq!(grants(&role["rules"]), want);
 
-    // Nowhere in config/: delete, wildcards, escalation verbs.
+    // Nowhere in config/: wildcards, escalation verbs, delete (but of DeviceTaintRules,
+    // the run's device fences).
     for (path, v) in &objs {
         if !matches!(v["kind"].as_str(), Some("ClusterRole" | "Role")) {
             continue;
         }
         for rule in v["rules"].as_array().unwrap() {
+            let fences_only = strs(&rule["resources"]) == ["devicetaintrules"]
+                && strs(&rule["apiGroups"]) == ["resource.k8s.io"];
             for field in ["verbs", "resources", "apiGroups"] {
                 for s in strs(&rule[field]) {
+                    if fences_only && field == "verbs" && s == "delete" {
+                        continue;
+                    }
                     assert!(
                         !matches!(
                             s.as_str(),
@@ -219,6 +231,7 @@ fn viewer_role_only_reads() {
         grant("resource.k8s.io", "resourceslices", &["get", "list"]),
         grant("resource.k8s.io", "resourceclaims", &["get", "list"]),
         grant("resource.k8s.io", "deviceclasses", &["get", "list"]),
+        grant("resource.k8s.io", "devicetaintrules", &["get", "list"]),
     ]
     .into_iter()
     .collect();

@@ -289,11 +289,12 @@ async fn sweep_orphan_fences(ctx: Arc<Ctx>) {
         if ctx.leader.is_leader() && ctx.caches_ready.load(std::sync::atomic::Ordering::SeqCst) {
             // Nodes first: a fence seen here is older than the policy list below.
             let nodes = ctx.nodes.state();
+            let rules = ctx.dra.rules();
             let api: Api<DefragPolicy> = Api::all(ctx.client.clone());
             match api.list_metadata(&ListParams::default()).await {
                 Ok(list) => {
                     let names = list.items.iter().map(|p| p.name_any()).collect();
-                    match fences::remove_orphans(&ctx.client, &nodes, &names).await {
+                    match fences::remove_orphans(&ctx.client, &nodes, &rules, &names).await {
                         Ok(0) => {}
                         Ok(n) => {
                             info!(nodes = n, "removed fences of policies that no longer exist")

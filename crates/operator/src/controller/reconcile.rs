@@ -149,7 +149,12 @@ pub async fn cleanup(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, Err
         .into_iter()
         .map(Arc::new)
         .collect();
-    fences::remove_stale(&ctx.client, &nodes, &name).await?;
+    let rules: Vec<Arc<_>> = fences::list_rules(&ctx.client, &name)
+        .await?
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+    fences::remove_stale(&ctx.client, &nodes, &rules, &name).await?;
     info!(policy = %name, "policy deleted: its fences are removed");
     Ok(Action::await_change())
 }

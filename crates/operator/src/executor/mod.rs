@@ -80,7 +80,7 @@ async fn write_runs(
 
 /// Removes every fence this policy left on any node (from the node cache).
 pub async fn remove_stale_fences(ctx: &Ctx, policy: &str) -> Result<(), Error> {
-    fences::remove_stale(&ctx.client, &ctx.nodes.state(), policy).await
+    fences::remove_stale(&ctx.client, &ctx.nodes.state(), &ctx.dra.rules(), policy).await
 }
 
 /// Ends a recorded run that no task owns (after a restart outside its window, or an
