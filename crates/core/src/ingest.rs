@@ -275,10 +275,13 @@ pub fn label_selector(
     }
 }
 
-fn base_pod(p: &corev1::Pod, nodes: &[Node]) -> (Pod, Requests) {
+/// The spec of a pod without one.
+static EMPTY_SPEC: std::sync::LazyLock<corev1::PodSpec> =
+    std::sync::LazyLock::new(Default::default);
+
+fn base_pod<'p>(p: &'p corev1::Pod, nodes: &[Node]) -> (Pod, Requests<'p>) {
     let meta = &p.metadata;
-    let empty_spec = corev1::PodSpec::default();
-    let spec = p.spec.as_ref().unwrap_or(&empty_spec);
+    let spec = p.spec.as_ref().unwrap_or(&EMPTY_SPEC);
     let req = Requests::of(spec);
     let empty = BTreeMap::new();
     let annotations = meta.annotations.as_ref().unwrap_or(&empty);
@@ -448,7 +451,13 @@ pub fn build_cluster_from(mut objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) 
         )
     }
     if !objs.pods.is_sorted_by(|a, b| meta_key(a) <= meta_key(b)) {
-        objs.pods.sort_by(|a, b| meta_key(a).cmp(&meta_key(b)));
+        // The keys read once, next to their references: comparing them then touches no
+        // pod object.
+        let mut keyed: Vec<((&str, &str), &corev1::Pod)> =
+            objs.pods.iter().map(|&p| (meta_key(p), p)).collect();
+        keyed.sort_by(|a, b| a.0.cmp(&b.0));
+        objs.pods.clear();
+        objs.pods.extend(keyed.into_iter().map(|(_, p)| p));
     }
     // Koordinator Device objects by node name.
     let mut koord: HashMap<String, Result<Vec<formats::KoordDevice>, FormatError>> = HashMap::new();

@@ -169,23 +169,16 @@ pub struct Index<'a> {
     listed: Listed,
 }
 
-fn controller_owner(meta: &ObjectMeta) -> Option<Owner> {
-    meta.owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.controller == Some(true))
-        .map(|o| Owner {
-            group: api_group(&o.api_version),
-            kind: o.kind.clone(),
-            name: o.name.clone(),
-        })
-}
-
 /// The group of an `apiVersion` (`apps/v1` → `apps`, `v1` → empty).
 pub fn api_group(api_version: &str) -> String {
+    api_group_of(api_version).to_string()
+}
+
+/// [`api_group`], borrowed.
+fn api_group_of(api_version: &str) -> &str {
     api_version
         .rsplit_once('/')
-        .map(|(g, _)| g.to_string())
+        .map(|(g, _)| g)
         .unwrap_or_default()
 }
 
@@ -241,9 +234,9 @@ impl<'a> Index<'a> {
         labels: &std::collections::BTreeMap<String, String>,
     ) -> Option<Workload> {
         let owner = owner?;
-        let own = Workload::checked(&owner.group_kind(), &owner.name);
+        let own = || Workload::checked(&owner.group_kind(), &owner.name);
         let Some(kind) = ControllerKind::of(&owner.group, &owner.kind) else {
-            return Some(own);
+            return Some(own());
         };
         if !self.listed.controllers(kind) {
             // Judged by the pod. An Argo Rollout's ReplicaSet labels its pods
@@ -278,30 +271,40 @@ impl<'a> Index<'a> {
                 },
                 None => Workload {
                     chain: Chain::NotChecked,
-                    ..own
+                    ..own()
                 },
             });
         }
         let Some(meta) = self.controllers.get(&(kind, ns, owner.name.as_str())) else {
             return Some(Workload {
                 chain: Chain::Broken(format!("{} {ns}/{} not found", kind.kind(), owner.name)),
-                ..own
+                ..own()
             });
         };
-        Some(match (kind, controller_owner(meta)) {
-            (_, None) => own,
-            (ControllerKind::ReplicaSet, Some(up))
-                if up.group == "apps" && up.kind == "Deployment" =>
-            {
-                Workload::checked("apps/Deployment", &up.name)
+        // The controller's own controller, read in place (no copy of its reference).
+        let up = meta
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true));
+        Some(match up {
+            None => own(),
+            Some(up) => {
+                let group = api_group_of(&up.api_version);
+                match (kind, group, up.kind.as_str()) {
+                    (ControllerKind::ReplicaSet, "apps", "Deployment") => {
+                        Workload::checked("apps/Deployment", &up.name)
+                    }
+                    (ControllerKind::Job, "batch", "CronJob") => {
+                        Workload::checked("batch/CronJob", &up.name)
+                    }
+                    // Anything else above: that controller decides what the pod is (an
+                    // Argo Rollout above a ReplicaSet, a LeaderWorkerSet leader above a
+                    // StatefulSet, a JobSet above a Job, …).
+                    (_, "", _) => Workload::checked(&up.kind, &up.name),
+                    _ => Workload::checked(&format!("{group}/{}", up.kind), &up.name),
+                }
             }
-            (ControllerKind::Job, Some(up)) if up.group == "batch" && up.kind == "CronJob" => {
-                Workload::checked("batch/CronJob", &up.name)
-            }
-            // Anything else above: that controller decides what the pod is (an Argo
-            // Rollout above a ReplicaSet, a LeaderWorkerSet leader above a StatefulSet,
-            // a JobSet above a Job, …).
-            (_, Some(up)) => Workload::checked(&up.group_kind(), &up.name),
         })
     }
 

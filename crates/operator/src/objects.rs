@@ -4,7 +4,14 @@ use gpu_defrag_api::{DRAINING_TAINT_DOMAIN, LEGACY_DRAINING_TAINT};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::json;
 
-/// Strips what the model never reads from a Pod, so 6,000 pods stay cheap in memory.
+/// Strips what the operator never reads from a Pod, so the watch cache of a large cluster
+/// stays small. Kept: metadata (less managed fields and the last applied configuration),
+/// the containers' names and resources (a limit only where it differs from the request of
+/// the same name: `Requests::of` reads the request and the limit alike), the spec fields
+/// the model reads (node, scheduler, priority, node selector, required node affinity,
+/// tolerations, the volumes that pin a pod — hostPath, emptyDir, PersistentVolumeClaim,
+/// generic ephemeral — and DRA claims), phase, start time, the Ready condition and the DRA
+/// claim statuses.
 pub fn trim_pod(p: &mut Pod) {
     p.metadata.managed_fields = None;
     if let Some(a) = p.metadata.annotations.as_mut() {
@@ -24,14 +31,61 @@ pub fn trim_pod(p: &mut Pod) {
             c.readiness_probe = None;
             c.startup_probe = None;
             c.volume_mounts = None;
+            c.volume_devices = None;
             c.ports = None;
             c.lifecycle = None;
+            c.image = None;
+            c.image_pull_policy = None;
+            c.termination_message_path = None;
+            c.termination_message_policy = None;
+            c.working_dir = None;
+            c.security_context = None;
+            c.resize_policy = None;
+            if let Some(res) = c.resources.as_mut()
+                && let (Some(req), Some(lim)) = (res.requests.as_ref(), res.limits.as_mut())
+            {
+                lim.retain(|k, v| req.get(k) != Some(v));
+                if lim.is_empty() {
+                    res.limits = None;
+                }
+            }
         }
+        spec.ephemeral_containers = None;
+        if let Some(vs) = spec.volumes.as_mut() {
+            vs.retain(|v| {
+                v.host_path.is_some()
+                    || v.empty_dir.is_some()
+                    || v.persistent_volume_claim.is_some()
+                    || v.ephemeral.is_some()
+            });
+            if vs.is_empty() {
+                spec.volumes = None;
+            }
+        }
+        if let Some(a) = spec.affinity.as_mut() {
+            a.pod_affinity = None;
+            a.pod_anti_affinity = None;
+            if let Some(na) = a.node_affinity.as_mut() {
+                na.preferred_during_scheduling_ignored_during_execution = None;
+            }
+        }
+        spec.security_context = None;
+        spec.topology_spread_constraints = None;
+        spec.dns_config = None;
+        spec.host_aliases = None;
+        spec.image_pull_secrets = None;
+        spec.readiness_gates = None;
     }
     if let Some(st) = p.status.as_mut() {
         st.container_statuses = None;
         st.init_container_statuses = None;
         st.ephemeral_container_statuses = None;
+        if let Some(cs) = st.conditions.as_mut() {
+            cs.retain(|c| c.type_ == "Ready");
+        }
+        st.message = None;
+        st.pod_ips = None;
+        st.host_ips = None;
     }
 }
 
@@ -135,6 +189,85 @@ pub fn has_draining_taint(n: &Node, policy: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_trimmed_pod_makes_the_same_model() {
+        use gpu_defrag_core::ingest::{Objects, build_cluster};
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n1", "labels": {"nvidia.com/gpu.product": "H100"}},
+            "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110",
+                "nvidia.com/gpu": "8"},
+                "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .unwrap();
+        let pod = |name: &str, vol: serde_json::Value| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "ml", "uid": name,
+                    "labels": {"app": "a", "pod-template-hash": "h"},
+                    "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}",
+                        "controller.kubernetes.io/pod-deletion-cost": "5"},
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                        "name": "a-h", "uid": "rs", "controller": true}]},
+                "spec": {"nodeName": "n1", "schedulerName": "gpu-binpack", "priority": 7,
+                    "containers": [{"name": "c", "image": "img", "imagePullPolicy": "Always",
+                        "terminationMessagePath": "/dev/termination-log",
+                        "securityContext": {"privileged": false},
+                        "resources": {
+                            "requests": {"cpu": "2", "memory": "1Gi", "nvidia.com/gpu": "2"},
+                            "limits": {"cpu": "4", "memory": "1Gi", "nvidia.com/gpu": "2",
+                                "example.com/other": "1"}}}],
+                    "initContainers": [{"name": "i", "image": "init",
+                        "resources": {"limits": {"cpu": "8"}}}],
+                    "volumes": [{"name": "token", "projected": {"sources": []}},
+                        {"name": "cfg", "configMap": {"name": "x"}}, vol],
+                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                        {"nodeSelectorTerms": [{"matchExpressions": [
+                            {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H100"]}]}]}},
+                        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                            {"topologyKey": "kubernetes.io/hostname"}]}},
+                    "tolerations": [{"key": "gpu", "operator": "Exists"}]},
+                "status": {"phase": "Running", "startTime": "2026-01-01T00:00:00Z",
+                    "conditions": [{"type": "PodScheduled", "status": "True"},
+                        {"type": "Ready", "status": "True"}],
+                    "podIPs": [{"ip": "10.0.0.1"}]}
+            }))
+            .unwrap()
+        };
+        let pods = vec![
+            pod("p1", json!({"name": "scratch", "emptyDir": {}})),
+            pod(
+                "p2",
+                json!({"name": "shm", "emptyDir": {"medium": "Memory"}}),
+            ),
+            pod(
+                "p3",
+                json!({"name": "data", "persistentVolumeClaim": {"claimName": "d"}}),
+            ),
+            pod("p4", json!({"name": "host", "hostPath": {"path": "/x"}})),
+        ];
+        let model = |pods: Vec<Pod>| {
+            build_cluster(
+                &Objects {
+                    nodes: vec![node.clone()],
+                    pods,
+                    ..Default::default()
+                },
+                None,
+            )
+        };
+        let mut trimmed = pods.clone();
+        trimmed.iter_mut().for_each(trim_pod);
+        let c = trimmed[0].spec.as_ref().unwrap();
+        assert_eq!(c.volumes.as_ref().unwrap().len(), 1, "only the volume read");
+        let lim = c.containers[0].resources.as_ref().unwrap().limits.as_ref();
+        assert_eq!(
+            lim.unwrap().keys().collect::<Vec<_>>(),
+            ["cpu", "example.com/other"],
+            "limits equal to their request go"
+        );
+        assert!(pod_ready(&trimmed[0]));
+        assert_eq!(model(trimmed), model(pods));
+    }
 
     #[test]
     fn timestamps_round_trip_at_second_precision() {

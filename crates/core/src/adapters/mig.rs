@@ -41,7 +41,7 @@ impl Adapter for Mig {
 fn instances(req: &Requests) -> Result<Vec<(String, u64)>, UnknownReason> {
     let mut out: BTreeMap<String, u64> = BTreeMap::new();
     for c in &req.per_container {
-        for (k, q) in c {
+        for (k, q) in c.iter() {
             if let Some(p) = formats::parse_mig_resource(k) {
                 let n = count(k, q)?;
                 *out.entry(p.name()).or_default() += n;

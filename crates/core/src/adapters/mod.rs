@@ -172,7 +172,7 @@ pub(crate) struct PodInput<'a> {
     /// The pod as modelled so far (labels, phase, node).
     pub pod: &'a Pod,
     /// Its resource requests.
-    pub req: &'a Requests,
+    pub req: &'a Requests<'a>,
     /// Its annotations (empty when it has none).
     pub annotations: &'a BTreeMap<String, String>,
     /// Its DRA claims and the DRA inventory, when the input has DRA objects.
@@ -189,11 +189,35 @@ pub(crate) struct DraPodInput<'a> {
     pub node_is_dra: bool,
 }
 
+/// One container's resources: name → quantity (a limit where it differs from the
+/// request of the same name, as the API server requires of extended resources), in name
+/// order; borrowed from the pod.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct ContainerRequests<'a>(Vec<(&'a str, &'a str)>);
+
+impl<'a> ContainerRequests<'a> {
+    /// The quantity of `name`.
+    pub fn get(&self, name: &str) -> Option<&'a str> {
+        self.0
+            .binary_search_by(|(k, _)| (*k).cmp(name))
+            .ok()
+            .map(|i| self.0[i].1)
+    }
+    /// Whether it asks for `name`.
+    pub fn contains_key(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+    /// (name, quantity), in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'a str, &'a str)> + '_ {
+        self.0.iter().copied()
+    }
+}
+
 /// Per-pod resource requests, summed over containers (init containers: the max).
 #[derive(Debug, Default, Clone)]
-pub(crate) struct Requests {
+pub(crate) struct Requests<'a> {
     /// Name → per-container quantities (strings), containers in order.
-    pub per_container: Vec<BTreeMap<String, String>>,
+    pub per_container: Vec<ContainerRequests<'a>>,
     /// CPU, milli.
     pub cpu: u64,
     /// Memory, bytes.
@@ -202,22 +226,37 @@ pub(crate) struct Requests {
     bad: Option<String>,
 }
 
-impl Requests {
+impl<'a> Requests<'a> {
     /// Reads a pod spec's requests (limits where a container has no requests).
-    pub fn of(spec: &corev1::PodSpec) -> Requests {
+    pub fn of(spec: &'a corev1::PodSpec) -> Requests<'a> {
         let mut r = Requests::default();
         let mut cpu = 0u64;
         let mut mem = 0u64;
         for c in &spec.containers {
             r.check(c, "container");
-            let mut m = BTreeMap::new();
+            let mut m: Vec<(&'a str, &'a str)> = Vec::new();
             if let Some(res) = &c.resources {
-                // Extended resources must have requests == limits; take limits, then requests.
+                // Extended resources must have requests == limits; take limits, then requests:
+                // a limit replaces the request of the same name.
+                let n = res.requests.as_ref().map_or(0, |x| x.len())
+                    + res.limits.as_ref().map_or(0, |x| x.len());
+                m.reserve_exact(n);
                 for src in [&res.requests, &res.limits].into_iter().flatten() {
                     for (k, v) in src {
-                        m.insert(k.clone(), v.0.clone());
+                        m.push((k.as_str(), v.0.as_str()));
                     }
                 }
+                // Sorted by name, stable: of two entries of one name the limit comes last
+                // and is kept.
+                m.sort_by(|a, b| a.0.cmp(b.0));
+                let mut out: Vec<(&'a str, &'a str)> = Vec::with_capacity(m.len());
+                for e in m.drain(..) {
+                    match out.last_mut() {
+                        Some(last) if last.0 == e.0 => *last = e,
+                        _ => out.push(e),
+                    }
+                }
+                m = out;
                 let req = res.requests.as_ref().or(res.limits.as_ref());
                 if let Some(req) = req {
                     cpu = cpu.saturating_add(
@@ -232,7 +271,7 @@ impl Requests {
                     );
                 }
             }
-            r.per_container.push(m);
+            r.per_container.push(ContainerRequests(m));
         }
         for c in spec.init_containers.iter().flatten() {
             r.check(c, "init container");
@@ -267,6 +306,16 @@ impl Requests {
         let Some(res) = &c.resources else { return };
         for (section, list) in [("requests", &res.requests), ("limits", &res.limits)] {
             for (k, v) in list.iter().flatten() {
+                // A limit equal to its request was read with the request.
+                if section == "limits"
+                    && res
+                        .requests
+                        .as_ref()
+                        .and_then(|r| r.get(k))
+                        .is_some_and(|r| r.0 == v.0)
+                {
+                    continue;
+                }
                 let read = match k.as_str() {
                     "cpu" => formats::quantity_to_milli(&v.0).map(drop),
                     "memory" => formats::quantity_to_bytes(&v.0).map(drop),
