@@ -12,6 +12,8 @@
 //!   moved.
 //! - A single GPU is drained behind the run's own DeviceTaintRule, gone after the run;
 //!   the template-claim pod's replacement gets a new claim (`E2E-FIGURE dra-gpu`).
+//! - Partitionable devices: a GPU half used by a MIG partition the scheduler allocated is
+//!   reported per profile (`E2E-FIGURE dra-mig`).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -20,19 +22,20 @@ use std::{
 
 use gpu_defrag_e2e::{
     case::Case,
-    fakedra::{DRIVER, dra_pool},
+    cluster::GpuNodes,
+    fakedra::{self, DRIVER, dra_pool},
     fixtures::{FAKE_IMAGE, GPU_SCHEDULER, pods, wait_for},
     operator::{
-        Operator, PodWatch, allow_one_disruption, float_at, fragment, int_at,
-        open_window_every_minute, patch_policy, pod_app, pod_node, policy_status, str_at,
-        strings_at, wait_deployments_ready, wait_status,
+        Operator, POOL_LABEL, PodWatch, allow_one_disruption, float_at, fragment, int_at,
+        open_window_every_minute, operator_binary, patch_policy, pod_app, pod_node, policy_status,
+        str_at, strings_at, wait_deployments_ready, wait_status,
     },
     shared,
 };
 use k8s_openapi::api::{
     apps::v1::Deployment,
     core::v1::{Node, Pod},
-    resource::v1::{DeviceTaintRule, ResourceClaim, ResourceClaimTemplate},
+    resource::v1::{DeviceTaintRule, ResourceClaim, ResourceClaimTemplate, ResourceSlice},
 };
 use kube::{
     Api, Client,
@@ -623,4 +626,141 @@ async fn a_single_dra_gpu_is_drained_behind_its_own_device_taint_rule() {
         float_at(&st, "/fragmentation/fragmentRate").unwrap_or(f64::NAN),
     );
     c.cleanup(&[c.name()]).await;
+}
+
+/// Partitionable devices: one A100 published in the NVIDIA driver's DynamicMIG layout
+/// ([`fakedra::mig_slices`]); a pod asks for a `3g.40gb` partition through a
+/// ResourceClaimTemplate and the real scheduler allocates the first fitting one (memory
+/// slices 0–3). The live report (`gpu-defrag report -o json`) shows the GPU half used by
+/// that partition, the node with no free whole GPU, and per profile what still fits:
+/// `3g.40gb` 1 of 2, `1g.10gb` 4 of 4 (slices 4–7 are free).
+#[tokio::test]
+async fn a_gpu_half_used_by_mig_partitions_is_reported_per_profile() {
+    let cluster = shared().await.expect("local control plane");
+    let ns = cluster.namespace("dra-mig").await.unwrap();
+    let client = cluster.client().unwrap();
+    fakedra::ensure_device_class(&client).await.unwrap();
+    fakedra::ensure_mig_class(&client).await.unwrap();
+    let name = ns.name().to_string();
+    let nodes = cluster
+        .add_nodes(
+            &GpuNodes::new(1, 1)
+                .dra()
+                .name_prefix(&name)
+                .label(POOL_LABEL, &name)
+                .taint(POOL_LABEL, &name, "NoSchedule"),
+        )
+        .await
+        .unwrap();
+    let node = nodes[0].clone();
+    let slices = Api::<ResourceSlice>::all(client.clone());
+    for s in fakedra::mig_slices(&node).unwrap() {
+        slices.create(&PostParams::default(), &s).await.unwrap();
+    }
+    let template: ResourceClaimTemplate = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "mig-3g"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": fakedra::MIG_CLASS,
+            "selectors": [{"cel": {"expression":
+                "device.attributes['gpu.nvidia.com'].profile == '3g.40gb'"}}]}}]}}},
+    }))
+    .unwrap();
+    Api::<ResourceClaimTemplate>::namespaced(client.clone(), &name)
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    let pool = gpu_defrag_e2e::operator::Pool {
+        name: name.clone(),
+        nodes: nodes.clone(),
+        gpus_per_node: 1,
+    };
+    let c = Case {
+        cluster,
+        ns,
+        client,
+        pool,
+    };
+    c.deployments()
+        .create(
+            &PostParams::default(),
+            &template_claim_deployment(&c, "mig-user", "mig-3g"),
+        )
+        .await
+        .unwrap();
+    wait_deployments_ready(&c.client, &name, &["mig-user".into()], T)
+        .await
+        .unwrap();
+    let held = allocated(&c.client, &name).await;
+    assert_eq!(
+        held.get(&node),
+        Some(&BTreeSet::from(["gpu-0-mig-3g40gb-0".to_string()])),
+        "{held:?}"
+    );
+
+    let out = tokio::process::Command::new(operator_binary().await.unwrap())
+        .args(["report", "-o", "json", "--kubeconfig"])
+        .arg(c.cluster.kubeconfig_path())
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = report["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == json!(node))
+        .unwrap_or_else(|| panic!("{node} not in the report"))
+        .clone();
+    assert_eq!(row["scheme"], "dra", "{row:#}");
+    assert_eq!(row["gpus"], 1, "{row:#}");
+    assert_eq!(
+        row["used"],
+        json!([500]),
+        "half of the GPU's memory slices: {row:#}"
+    );
+    assert_eq!(row["fullyFreeGpus"], 0, "{row:#}");
+    assert_eq!(
+        row["devices"][0]["partitions"],
+        json!(["3g.40gb"]),
+        "{row:#}"
+    );
+    let mig: BTreeMap<String, (u64, u64, u64)> = report["mig"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["node"] == json!(node))
+        .map(|m| {
+            (
+                m["profile"].as_str().unwrap().to_string(),
+                (
+                    m["used"].as_u64().unwrap(),
+                    m["free"].as_u64().unwrap(),
+                    m["capacity"].as_u64().unwrap(),
+                ),
+            )
+        })
+        .collect();
+    assert_eq!(
+        mig,
+        BTreeMap::from([
+            ("1g.10gb".to_string(), (0, 4, 4)),
+            ("3g.40gb".to_string(), (1, 1, 2)),
+        ]),
+        "{:#}",
+        report["mig"]
+    );
+    eprintln!(
+        "E2E-FIGURE dra-mig: the scheduler allocated {:?}; report: GPU used {}, MIG 3g.40gb used/free/capacity {:?}, 1g.10gb {:?}",
+        held.get(&node),
+        row["used"],
+        mig.get("3g.40gb"),
+        mig.get("1g.10gb")
+    );
+    c.cleanup(&[]).await;
 }

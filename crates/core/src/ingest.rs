@@ -580,6 +580,11 @@ pub fn build_cluster_from(mut objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) 
     let pdbs = objs.pdbs.iter().copied().map(pdb_of).collect();
     let mut unchecked = unchecked_notes(&pods, &objs.listed);
     unchecked.extend(dra_notes(&inv, dra_pods));
+    if !objs.listed.device_taint_rules && nodes.iter().any(|n| n.scheme == Scheme::Dra) {
+        unchecked.push(
+            "DeviceTaintRules are not served (Kubernetes 1.37) or not readable: single GPUs of DRA nodes are not drained by themselves (DRA nodes are drained whole)".into(),
+        );
+    }
     let mut c = Cluster {
         nodes,
         pods,

@@ -790,8 +790,9 @@ fn device_taint_rules_of_administrators_taint_devices_those_of_runs_do_not() {
     assert!(node(&c, "n0").gpus.iter().all(|g| !g.healthy));
 }
 
-/// Two 8-GPU DRA nodes: `a` holds a pod with a named claim and four template-claim pods,
-/// `b` five template-claim pods; three GPUs free on each, a 4-GPU shape fits nowhere.
+/// Two 8-GPU DRA nodes: `a` holds a pod with a named claim and four template-claim pods
+/// that opted out, `b` five template-claim pods; three GPUs free on each, a 4-GPU shape
+/// fits nowhere.
 fn one_gpu_apart() -> Cluster {
     let mut items = vec![k_node("a"), k_node("b"), gpu_class()];
     for n in ["a", "b"] {
@@ -830,7 +831,10 @@ fn one_gpu_apart() -> Cluster {
     };
     items.extend(on("anchor", "a", 0, true));
     for i in 1..5 {
-        items.extend(on(&format!("a-{i}"), "a", i, false));
+        // Opted out: only `b`'s pods can move.
+        let mut a = on(&format!("a-{i}"), "a", i, false);
+        a[0]["metadata"]["annotations"] = json!({"gpu-defrag.io/do-not-disrupt": "true"});
+        items.extend(a);
     }
     for i in 0..5 {
         items.extend(on(&format!("b-{i}"), "b", i, false));

@@ -149,14 +149,7 @@ where
         let served_at_start = served(&client, &gvk).await;
         let listed = Arc::new(AtomicBool::new(false));
         let what = format!("{plural}.{}", gvk.group);
-        {
-            let (store, listed) = (store.clone(), listed.clone());
-            tokio::spawn(async move {
-                if store.wait_until_ready().await.is_ok() {
-                    listed.store(true, Ordering::Release);
-                }
-            });
-        }
+        let listed_w = listed.clone();
         tokio::spawn(async move {
             if !served_at_start {
                 info!(
@@ -172,10 +165,17 @@ where
                 .modify(|o: &mut K| o.meta_mut().managed_fields = None)
                 .default_backoff()
                 .reflect(writer)
-                .touched_objects()
                 .boxed();
-            while stream.next().await.is_some() {
-                changed();
+            while let Some(event) = stream.next().await {
+                // Listed once the first full list is in. Read from the stream itself: a
+                // second task awaiting the store's readiness beside the operator's own
+                // readiness wait is never woken (the store wakes one waiter).
+                if matches!(event, Ok(watcher::Event::InitDone)) {
+                    listed_w.store(true, Ordering::Release);
+                }
+                if !matches!(event, Ok(watcher::Event::Init)) {
+                    changed();
+                }
             }
         });
         Watched {
