@@ -488,12 +488,12 @@ async fn thousand_nodes_six_thousand_pods_first_status_memory_and_requests() {
     // The initial lists only: the CRD check, then one paginated list (pages of 500) per
     // watched resource (policies, PDBs, nodes, pods, and the owner chains' ReplicaSets,
     // StatefulSets, Jobs and Namespaces; Volcano and KAI PodGroups are not served here;
-    // DRA's ResourceSlices, ResourceClaims and DeviceClasses are, empty), and the sweep of
-    // fences whose policy is gone (every policy's name, once at start, then every 5
-    // minutes).
+    // DRA's ResourceSlices, ResourceClaims, DeviceClasses and DeviceTaintRules are, empty),
+    // and the sweep of fences whose policy is gone (every policy's name, once at start,
+    // then every 5 minutes).
     let pages = |n: usize| n.div_ceil(500) as f64;
     let owners = pages(sets.len()) + 1.0 + 1.0 + 1.0;
-    let dra = 3.0;
+    let dra = 4.0;
     let sweep = 1.0;
     let initial = 1.0 + 1.0 + 1.0 + pages(NODES) + pages(n_pods) + owners + dra + sweep;
     assert!(

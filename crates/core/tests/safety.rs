@@ -174,6 +174,7 @@ impl World {
                     namespaces: true,
                     volcano_pod_groups: true,
                     kai_pod_groups: false,
+                    device_taint_rules: false,
                 },
                 ..Default::default()
             },

@@ -478,7 +478,9 @@ fn reconcile_once(caches: &Caches, dp: &DefragPolicy, metrics: &Metrics) -> Outc
             resource_slices: Vec::new(),
             resource_claims: Vec::new(),
             device_classes: Vec::new(),
+            device_taint_rules: Vec::new(),
             listed: Listed {
+                device_taint_rules: true,
                 replica_sets: true,
                 stateful_sets: true,
                 jobs: true,
