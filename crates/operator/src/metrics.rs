@@ -74,6 +74,13 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MigLabels {
+    policy: String,
+    profile: String,
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     policy: String,
     result: String,
@@ -111,6 +118,7 @@ type HistogramFamily<S> = Family<S, Histogram, fn() -> Histogram>;
 #[derive(Default)]
 struct Seen {
     skipped: BTreeSet<String>,
+    mig: BTreeSet<String>,
     evictions: BTreeSet<String>,
     runs: BTreeSet<String>,
     errors: BTreeSet<String>,
@@ -128,6 +136,7 @@ struct Inner {
     pending_unplaceable: Family<PolicyLabel, Gauge>,
     plan_moves: Family<PolicyLabel, Gauge>,
     skipped_pods: Family<ReasonLabels, Gauge>,
+    mig_partitions: Family<MigLabels, Gauge>,
     window_open: Family<PolicyLabel, Gauge>,
     evictions: Family<ResultLabels, Counter>,
     run_duration: HistogramFamily<PolicyLabel>,
@@ -187,6 +196,7 @@ impl Metrics {
             pending_unplaceable: Family::default(),
             plan_moves: Family::default(),
             skipped_pods: Family::default(),
+            mig_partitions: Family::default(),
             window_open: Family::default(),
             evictions: Family::default(),
             run_duration: Family::new_with_constructor(run_histogram as fn() -> Histogram),
@@ -253,6 +263,11 @@ impl Metrics {
             "skipped_pods",
             "Pods the planner may not move, by reason",
             inner.skipped_pods.clone(),
+        );
+        r.register(
+            "mig_partitions",
+            "MIG partitions of the policy's nodes by profile: used, and free (how many more fit now)",
+            inner.mig_partitions.clone(),
         );
         r.register(
             "window_open",
@@ -457,6 +472,35 @@ impl Metrics {
         }
     }
 
+    /// Exports the MIG partitions of the policy's nodes per profile, summed over nodes:
+    /// `(profile, used, free)`. Profiles seen before but absent now drop to 0.
+    pub fn set_mig(&self, policy_name: &str, profiles: &BTreeMap<String, (u64, u64)>) {
+        let m = &self.0;
+        let labels = |profile: &str, state: &str| MigLabels {
+            policy: policy_name.to_string(),
+            profile: profile.to_string(),
+            state: state.to_string(),
+        };
+        let mut seen = m.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = seen.entry(policy_name.to_string()).or_default();
+        for profile in entry.mig.iter().filter(|p| !profiles.contains_key(*p)) {
+            for state in ["used", "free"] {
+                m.mig_partitions
+                    .get_or_create(&labels(profile, state))
+                    .set(0);
+            }
+        }
+        for (profile, (used, free)) in profiles {
+            entry.mig.insert(profile.clone());
+            m.mig_partitions
+                .get_or_create(&labels(profile, "used"))
+                .set(to_i64(*used));
+            m.mig_partitions
+                .get_or_create(&labels(profile, "free"))
+                .set(to_i64(*free));
+        }
+    }
+
     /// Counts one eviction attempt; `result` is one of `done`, `blocked`, `bounced`, `failed`,
     /// `dry_run_allowed`, `dry_run_blocked`.
     pub fn eviction(&self, policy_name: &str, result: &str) {
@@ -537,6 +581,7 @@ impl Metrics {
         m.fragment_rate.clear();
         m.min_fragment_rate.clear();
         m.skipped_pods.clear();
+        m.mig_partitions.clear();
         if let Some(f) = &m.gpu_used {
             let mut seen = m.gpus_seen.lock().unwrap_or_else(|e| e.into_inner());
             f.clear();
@@ -578,6 +623,15 @@ impl Metrics {
                 policy: p(),
                 reason,
             });
+        }
+        for profile in seen.mig {
+            for state in ["used", "free"] {
+                m.mig_partitions.remove(&MigLabels {
+                    policy: p(),
+                    profile: profile.clone(),
+                    state: state.into(),
+                });
+            }
         }
         for result in seen.evictions {
             m.evictions.remove(&ResultLabels {
@@ -649,6 +703,13 @@ mod tests {
         m.reconcile_error("nightly", "kube");
         m.observe_reconcile(0.02);
         m.set_window("nightly", true);
+        m.set_mig(
+            "nightly",
+            &BTreeMap::from([
+                ("1g.10gb".to_string(), (2, 5)),
+                ("3g.40gb".to_string(), (1, 0)),
+            ]),
+        );
         m.set_leader(true);
         m
     }
@@ -667,6 +728,9 @@ mod tests {
             "gpu_defrag_plan_moves{policy=\"nightly\"} 7",
             "gpu_defrag_skipped_pods{policy=\"nightly\",reason=\"pdb\"} 3",
             "gpu_defrag_window_open{policy=\"nightly\"} 1",
+            "gpu_defrag_mig_partitions{policy=\"nightly\",profile=\"1g.10gb\",state=\"used\"} 2",
+            "gpu_defrag_mig_partitions{policy=\"nightly\",profile=\"1g.10gb\",state=\"free\"} 5",
+            "gpu_defrag_mig_partitions{policy=\"nightly\",profile=\"3g.40gb\",state=\"free\"} 0",
             "gpu_defrag_evictions_total{policy=\"nightly\",result=\"done\"} 2",
             "gpu_defrag_evictions_total{policy=\"nightly\",result=\"blocked\"} 1",
             "gpu_defrag_runs_total{policy=\"nightly\",result=\"done\"} 1",
@@ -696,6 +760,23 @@ mod tests {
         let text = m.encode();
         assert!(text.contains("gpu_defrag_skipped_pods{policy=\"nightly\",reason=\"pdb\"} 0"));
         assert!(text.contains("gpu_defrag_plan_moves{policy=\"nightly\"} 0"));
+    }
+
+    #[test]
+    fn mig_profiles_that_vanish_drop_to_zero() {
+        let m = sample();
+        m.set_mig(
+            "nightly",
+            &BTreeMap::from([("1g.10gb".to_string(), (3, 4))]),
+        );
+        let text = m.encode();
+        for want in [
+            "gpu_defrag_mig_partitions{policy=\"nightly\",profile=\"1g.10gb\",state=\"used\"} 3",
+            "gpu_defrag_mig_partitions{policy=\"nightly\",profile=\"3g.40gb\",state=\"used\"} 0",
+            "gpu_defrag_mig_partitions{policy=\"nightly\",profile=\"3g.40gb\",state=\"free\"} 0",
+        ] {
+            assert!(text.contains(want), "{want} missing:\n{text}");
+        }
     }
 
     #[test]
@@ -865,6 +946,10 @@ mod tests {
         m.set_trigger("nightly", 0.3);
         m.set_plan("nightly", 2, &BTreeMap::from([("pdb".to_string(), 1)]));
         m.set_window("nightly", true);
+        m.set_mig(
+            "nightly",
+            &BTreeMap::from([("1g.10gb".to_string(), (1, 1))]),
+        );
         m.set_gpu_use([("a", 0, 1000)]);
         m.eviction("nightly", "done");
         m.run_finished("nightly", "Succeeded", 3.0);
@@ -877,6 +962,7 @@ mod tests {
             "gpu_defrag_idle_milli{",
             "gpu_defrag_plan_moves{",
             "gpu_defrag_skipped_pods{",
+            "gpu_defrag_mig_partitions{",
             "gpu_defrag_window_open{",
             "gpu_defrag_gpu_used_milli{",
         ] {
@@ -931,6 +1017,7 @@ mod monitoring {
         m.set_idle("p", Some((1, 2, 2000)));
         m.idle_query_error("timeout");
         m.set_plan("p", 3, &BTreeMap::from([("pdb".to_string(), 1)]));
+        m.set_mig("p", &BTreeMap::from([("1g.10gb".to_string(), (1, 6))]));
         m.set_window("p", true);
         m.set_gpu_use([("node-a", 0, 1000)]);
         m.eviction("p", "done");

@@ -309,6 +309,13 @@ fn record_metrics(
     );
     ctx.metrics
         .set_plan(name, obs.plan.moves.len() as u64, &obs.plan.skipped);
+    let mut mig: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+    for m in &r.mig {
+        let e = mig.entry(m.profile.clone()).or_default();
+        e.0 += m.used;
+        e.1 += m.free;
+    }
+    ctx.metrics.set_mig(name, &mig);
     ctx.metrics.set_window(name, window_open);
     ctx.metrics.set_gpus(&obs.cluster.nodes);
 }
