@@ -200,7 +200,9 @@ async fn dra_backed_gpus_are_measured_planned_and_freed() {
         "pods bound to fenced nodes"
     );
     let now = pods(&c.client, c.name(), "e2e-role=infer").await.unwrap();
-    let (mut as_planned, mut moved) = (0, 0);
+    let (mut as_planned, mut on_target, mut moved) = (0, 0, 0);
+    let targets: BTreeSet<&String> = planned.values().collect();
+    let mut landed: BTreeMap<String, usize> = BTreeMap::new();
     for p in &now {
         let app = p.metadata.labels.as_ref().unwrap()["app"].clone();
         let claim = extended_claim(p).expect("a replacement without a claim");
@@ -213,7 +215,25 @@ async fn dra_backed_gpus_are_measured_planned_and_freed() {
         if planned.get(&app) == Some(&node) {
             as_planned += 1;
         }
+        on_target += usize::from(targets.contains(&node));
+        *landed.entry(node).or_default() += 1;
     }
+    // Receiving nodes in the same state are interchangeable: the scheduler breaks their tie
+    // at random, so per-pod landings are a coin flip there; the counts per receiving node
+    // (sorted) are what the plan can promise.
+    let mut want_counts: BTreeMap<&String, usize> = BTreeMap::new();
+    for n in planned.values() {
+        *want_counts.entry(n).or_default() += 1;
+    }
+    let sorted = |m: Vec<usize>| {
+        let mut v = m;
+        v.sort();
+        v
+    };
+    let (want_counts, got_counts) = (
+        sorted(want_counts.into_values().collect()),
+        sorted(landed.values().copied().collect()),
+    );
     assert_eq!(
         moved as i64, evicted,
         "replacements with a new claim vs evictions"
@@ -232,7 +252,7 @@ async fn dra_backed_gpus_are_measured_planned_and_freed() {
     .await
     .unwrap();
     eprintln!(
-        "E2E-FIGURE dra: {evicted} evictions, {} nodes freed ({fenced:?}), 8-GPU pod on {train_node}; replacements landed as planned {as_planned}/{moved}; fragment rate {rate_before:.3} -> {:.3}",
+        "E2E-FIGURE dra: {evicted} evictions, {} nodes freed ({fenced:?}), 8-GPU pod on {train_node}; replacements landed on the planned node {as_planned}/{moved}, on a node the plan receives pods on {on_target}/{moved}, pods per receiving node planned {want_counts:?} landed {got_counts:?}; fragment rate {rate_before:.3} -> {:.3}",
         fenced.len(),
         float_at(&st, "/fragmentation/fragmentRate").unwrap_or(f64::NAN),
     );
