@@ -14,7 +14,7 @@ use k8s_openapi::api::resource::v1::DeviceTaintRule;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::context::{Error, FenceError};
 use crate::objects::{
@@ -362,13 +362,22 @@ pub async fn remove(client: &Client, policy: &str, rec: &RunRecord) -> Result<()
 }
 
 /// This policy's device fence rules, listed live (a deleted policy's last fences must not
-/// be missed for a cache that lags); none where DeviceTaintRules are not served.
+/// be missed for a cache that lags); none where DeviceTaintRules are not served, or not
+/// readable (without that right no run planned a device fence, and a deleted policy must
+/// not be held back by it).
 pub async fn list_rules(client: &Client, policy: &str) -> Result<Vec<DeviceTaintRule>, Error> {
     let api: Api<DeviceTaintRule> = Api::all(client.clone());
     let lp = ListParams::default().labels(&format!("{DEVICE_FENCE_LABEL}={}", fence_id(policy)));
     match api.list(&lp).await {
         Ok(l) => Ok(l.items),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(Vec::new()),
+        Err(kube::Error::Api(s)) if s.code == 403 => {
+            warn!(
+                policy,
+                "DeviceTaintRules cannot be listed (forbidden): none taken back"
+            );
+            Ok(Vec::new())
+        }
         Err(e) => Err(e.into()),
     }
 }
