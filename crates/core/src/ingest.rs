@@ -579,12 +579,7 @@ pub fn build_cluster_from(mut objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) 
     apply_replicas(&mut nodes, &mut pods, &replicas, &per_gpu);
     let pdbs = objs.pdbs.iter().copied().map(pdb_of).collect();
     let mut unchecked = unchecked_notes(&pods, &objs.listed);
-    unchecked.extend(dra_notes(&inv, dra_pods));
-    if !objs.listed.device_taint_rules && nodes.iter().any(|n| n.scheme == Scheme::Dra) {
-        unchecked.push(
-            "DeviceTaintRules are not served (Kubernetes 1.37) or not readable: single GPUs of DRA nodes are not drained by themselves (DRA nodes are drained whole)".into(),
-        );
-    }
+    unchecked.extend(dra_notes(&inv, dra_pods, objs.listed.device_taint_rules));
     let mut c = Cluster {
         nodes,
         pods,
@@ -638,12 +633,18 @@ fn unchecked_notes(pods: &[Pod], listed: &Listed) -> Vec<String> {
     notes
 }
 
-/// What the DRA objects of the input did not let the model read.
-fn dra_notes(inv: &Inventory, dra_pods: usize) -> Vec<String> {
+/// What the DRA objects of the input did not let the model read, or the planner do
+/// (`rules_listed`: DeviceTaintRules are served and readable).
+fn dra_notes(inv: &Inventory, dra_pods: usize, rules_listed: bool) -> Vec<String> {
     let mut notes = inv.notes.clone();
     // Without any DRA object, pods with claims keep their `resource-claim` skip.
     if !inv.present() {
         return notes;
+    }
+    if !rules_listed && !inv.nodes.is_empty() {
+        notes.push(
+            "DeviceTaintRules are not served (Kubernetes 1.37) or not readable: single GPUs of DRA nodes are not drained by themselves (DRA nodes are drained whole)".into(),
+        );
     }
     let (slices, claims, classes) = inv.listed;
     if !slices {

@@ -29,9 +29,14 @@ fn used(n: &Node) -> Vec<Milli> {
 }
 
 fn eight_gpu_policy() -> Policy {
+    whole_gpus_policy(8)
+}
+
+/// A policy whose one target shape is `gpus` whole GPUs, moving single replicas too.
+fn whole_gpus_policy(gpus: u32) -> Policy {
     Policy {
         shapes: vec![TargetShape {
-            gpus: 8,
+            gpus,
             milli_per_gpu: 1000,
             cpu: None,
             memory: None,
@@ -844,18 +849,7 @@ fn one_gpu_apart() -> Cluster {
 
 #[test]
 fn a_single_dra_gpu_is_drained_behind_a_device_fence_only_where_rules_are_served() {
-    let policy = Policy {
-        shapes: vec![TargetShape {
-            gpus: 4,
-            milli_per_gpu: 1000,
-            cpu: None,
-            memory: None,
-            models: vec![],
-            weight: 1.0,
-        }],
-        evict_single_replicas: true,
-        ..Default::default()
-    };
+    let policy = whole_gpus_policy(4);
     let c = one_gpu_apart();
     assert!(c.dra_device_fences, "a snapshot is read as of 1.37");
     assert_eq!(frag::report(&c, &policy).unknown_pods, 0);

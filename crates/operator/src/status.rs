@@ -470,12 +470,7 @@ mod bounds {
         active.fenced_devices = taken
             .fenced_devices
             .iter()
-            .map(|d| ApiFencedDevice {
-                node: d.node.clone(),
-                gpu: d.gpu.clone(),
-                driver: d.dra.as_ref().map(|x| x.driver.clone()),
-                pool: d.dra.as_ref().map(|x| x.pool.clone()),
-            })
+            .map(crate::executor::fences::recorded)
             .collect();
         assert!(!active.fenced_devices.is_empty());
         for m in &taken.moves {

@@ -21,6 +21,16 @@ use crate::objects::{
     draining_taint, draining_taint_key, fence_id, fence_owner, has_draining_taint, is_fence_of,
 };
 
+/// A planned single-GPU fence as the run's record holds it.
+pub fn recorded(d: &PlannedDevice) -> FencedDevice {
+    FencedDevice {
+        node: d.node.clone(),
+        gpu: d.gpu.clone(),
+        driver: d.dra.as_ref().map(|x| x.driver.clone()),
+        pool: d.dra.as_ref().map(|x| x.pool.clone()),
+    }
+}
+
 /// What a run fences: whole nodes and single GPUs.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Fences {
@@ -48,12 +58,7 @@ impl Fences {
                 .fenced_devices
                 .iter()
                 .cloned()
-                .chain(devices.iter().map(|d| FencedDevice {
-                    node: d.node.clone(),
-                    gpu: d.gpu.clone(),
-                    driver: d.dra.as_ref().map(|x| x.driver.clone()),
-                    pool: d.dra.as_ref().map(|x| x.pool.clone()),
-                }))
+                .chain(devices.iter().map(recorded))
                 .collect(),
         }
     }
