@@ -56,6 +56,16 @@ pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
 pub const TEST_NAMESPACE_LABEL: &str = "e2e.gpu-defrag.io/test";
 /// Process (and log) name of the `gpu-binpack` scheduler; the binary is kube-scheduler.
 pub const BINPACK_COMPONENT: &str = "gpu-binpack";
+
+/// The binary a component runs: its name, but for the second scheduler, which is the same
+/// binary as the first.
+pub fn component_binary(name: &str) -> &str {
+    if name == BINPACK_COMPONENT {
+        "kube-scheduler"
+    } else {
+        name
+    }
+}
 /// Default GPU model of the nodes.
 pub const DEFAULT_GPU_MODEL: &str = "NVIDIA-A100-SXM4-80GB";
 
@@ -509,13 +519,7 @@ impl TestCluster {
     }
 
     fn bin(&self, name: &str) -> PathBuf {
-        // The second scheduler is the same binary as the first.
-        let bin = if name == BINPACK_COMPONENT {
-            "kube-scheduler"
-        } else {
-            name
-        };
-        self.bin_dir.join(bin)
+        self.bin_dir.join(component_binary(name))
     }
 
     fn log(&self, name: &str) -> PathBuf {

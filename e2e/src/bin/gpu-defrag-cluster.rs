@@ -16,7 +16,8 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use gpu_defrag_e2e::{
-    ClusterOptions, GPU_PRODUCT_LABEL, GPU_RESOURCE, TestCluster, process::kill_group, repo_root,
+    ClusterOptions, GPU_PRODUCT_LABEL, GPU_RESOURCE, TestCluster, cluster::component_binary,
+    process::kill_group, repo_root,
 };
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, Client, Config, api::ListParams, config::KubeConfigOptions, config::Kubeconfig};
@@ -101,13 +102,13 @@ fn read_pids(dir: &Path) -> Vec<(String, u32)> {
         .collect()
 }
 
-/// Whether process `pid` runs the binary `name` (guards against a reused pid).
+/// Whether process `pid` runs the binary of component `name` (guards against a reused pid).
 fn is_ours(name: &str, pid: u32) -> bool {
     fs::read(format!("/proc/{pid}/cmdline"))
         .ok()
         .and_then(|raw| {
             let argv0 = raw.split(|b| *b == 0).next()?.to_vec();
-            Some(String::from_utf8_lossy(&argv0).ends_with(&format!("/{name}")))
+            Some(String::from_utf8_lossy(&argv0).ends_with(&format!("/{}", component_binary(name))))
         })
         .unwrap_or(false)
 }
