@@ -167,40 +167,80 @@ impl ApiStats {
         }
     }
 
-    /// Outages that ended since `policy` was last told, oldest first; marks them told.
-    /// A policy seen for the first time is told about none (it did not exist or was not
-    /// reconciled by this process before them).
-    fn untold(&self, policy: &str) -> Vec<Outage> {
+    /// Outages that ended since `policy` was last told, oldest first, and the mark to pass
+    /// to [`ApiStats::told`] once they are told. A policy seen for the first time is told
+    /// about none (it did not exist or was not reconciled by this process before them).
+    fn untold(&self, policy: &str) -> (Vec<Outage>, u64) {
         let mut h = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let seq = h.seq;
-        let Some(told) = h.reported.insert(policy.to_string(), seq) else {
-            return Vec::new();
-        };
+        let told = *h.reported.entry(policy.to_string()).or_insert(seq);
         let n = (seq - told.min(seq)) as usize;
         let start = h.ended.len().saturating_sub(n);
-        h.ended[start..].to_vec()
+        (h.ended[start..].to_vec(), seq)
+    }
+
+    /// `policy` was told every outage up to `seq` (a mark from [`ApiStats::untold`]).
+    fn told(&self, policy: &str, seq: u64) {
+        let mut h = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mark = h.reported.entry(policy.to_string()).or_insert(seq);
+        *mark = (*mark).max(seq);
+    }
+}
+
+/// Outages a policy has not been told about yet: one note each, oldest first, and the
+/// mark that says it was told.
+pub struct Untold(Vec<(String, u64)>);
+
+impl Untold {
+    /// One note per outage (for an `ApiServerUnavailable` Warning event), oldest first.
+    pub fn notes(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|(note, _)| note.as_str())
+    }
+
+    /// How many outages are untold.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// None.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The first `n` notes reached the policy (their events were published): they are not
+    /// told again.
+    pub fn told(&self, policy: &str, n: usize) {
+        if let Some((_, seq)) = n.checked_sub(1).and_then(|i| self.0.get(i)) {
+            stats().told(policy, *seq);
+        }
     }
 }
 
 /// What to tell a policy about the API server (an `ApiServerUnavailable` Warning event
-/// each): one note per outage that ended since its last reconcile (asked at the start of
-/// every reconcile).
-pub fn untold_outages(policy: &str) -> Vec<String> {
-    stats()
-        .untold(policy)
+/// each): one note per outage that ended since it was last told (asked at the start of
+/// every reconcile). They stay untold until [`Untold::told`]: an event that cannot be
+/// published right after an outage (the API server may still refuse writes) is tried
+/// again at the next reconcile.
+pub fn untold_outages(policy: &str) -> Untold {
+    let (outages, seq) = stats().untold(policy);
+    let first = seq + 1 - outages.len() as u64;
+    let notes = outages
         .into_iter()
-        .map(|o| {
+        .zip(first..)
+        .map(|(o, seq)| {
             let until = o.until.unwrap_or_else(Utc::now);
-            format!(
+            let note = format!(
                 "the API server was unavailable from {} to {} ({:.0}s; {} requests failed, first: {}); watches and runs resumed",
                 ts(o.since),
                 ts(until),
                 (until - o.since).as_seconds_f64(),
                 o.failed,
                 o.error
-            )
+            );
+            (note, seq)
         })
-        .collect()
+        .collect();
+    Untold(notes)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -575,22 +615,33 @@ mod tests {
             throttled: Counter::default(),
             state: Mutex::default(),
         };
-        assert!(s.untold("a").is_empty(), "a new policy hears of nothing");
+        assert!(s.untold("a").0.is_empty(), "a new policy hears of nothing");
         s.record("list", "pods", Outcome::Ok, String::new);
         s.record("list", "pods", Outcome::Unreachable, || "refused".into());
         s.record("watch", "nodes", Outcome::Unreachable, || "again".into());
         assert_eq!(s.reachable.get(), 0);
-        assert!(s.untold("a").is_empty(), "still going: nothing to tell");
+        assert!(s.untold("a").0.is_empty(), "still going: nothing to tell");
         s.record("list", "pods", Outcome::ClientError, String::new);
         assert_eq!(s.reachable.get(), 1);
         assert_eq!(s.outages.get(), 1);
-        let told = s.untold("a");
+        let (told, _) = s.untold("a");
         assert_eq!(told.len(), 1);
         assert_eq!((told[0].failed, told[0].error.as_str()), (2, "refused"));
-        assert!(s.untold("a").is_empty(), "told once");
+        let (again, seq) = s.untold("a");
+        assert_eq!(again.len(), 1, "not told until its event is published");
+        s.told("a", seq);
+        assert!(s.untold("a").0.is_empty(), "told once");
         assert!(
-            s.untold("b").is_empty(),
+            s.untold("b").0.is_empty(),
             "b was not known before the outage"
         );
+        // A second outage while "a" still owes the first: both are told, oldest first.
+        s.record("list", "pods", Outcome::Unavailable, || "503".into());
+        s.record("list", "pods", Outcome::Ok, String::new);
+        s.record("list", "pods", Outcome::Unreachable, || "reset".into());
+        s.record("list", "pods", Outcome::Ok, String::new);
+        let (both, _) = s.untold("b");
+        let errors: Vec<&str> = both.iter().map(|o| o.error.as_str()).collect();
+        assert_eq!(errors, ["503", "reset"]);
     }
 }

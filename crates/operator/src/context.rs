@@ -175,7 +175,7 @@ impl Events {
         reason: EventReason,
         note: String,
         secondary: Option<ObjectReference>,
-    ) {
+    ) -> bool {
         let ev = Event {
             type_,
             reason: reason.as_str().into(),
@@ -183,8 +183,12 @@ impl Events {
             action: reason.as_str().into(),
             secondary,
         };
-        if let Err(e) = self.recorder.publish(&ev, policy).await {
-            warn!(error = %e, reason = reason.as_str(), "could not publish event");
+        match self.recorder.publish(&ev, policy).await {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(error = %e, reason = reason.as_str(), "could not publish event");
+                false
+            }
         }
     }
 }
@@ -360,10 +364,10 @@ impl Ctx {
         reason: EventReason,
         note: String,
         secondary: Option<ObjectReference>,
-    ) {
+    ) -> bool {
         self.events
             .publish(&policy.object_ref(&()), type_, reason, note, secondary)
-            .await;
+            .await
     }
 
     /// Stops a run task (it leaves its record; the caller decides what to do with it).

@@ -26,6 +26,9 @@ use crate::metrics::ReportNumbers;
 use crate::objects::ts;
 use crate::status;
 
+/// An outage whose event could not be published is told again this soon.
+const RETELL_OUTAGES: Duration = Duration::from_secs(10);
+
 /// A dry-run check is repeated at most this often for an unchanged plan.
 pub const DRY_RUN_EVERY: Duration = Duration::from_secs(300);
 
@@ -35,7 +38,7 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
     if let Some(wait) = gate(&ctx) {
         return Ok(Action::requeue(wait));
     }
-    report_outages(&ctx, &dp).await;
+    let outages_told = report_outages(&ctx, &dp).await;
     let now = Utc::now();
     let (policy, windows) = match decide::validate(&dp) {
         Ok(valid) => valid,
@@ -97,7 +100,11 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
     );
     ctx.metrics
         .observe_reconcile(started.elapsed().as_secs_f64());
-    Ok(Action::requeue(decide::requeue_after(&windows, now)))
+    let mut requeue = decide::requeue_after(&windows, now);
+    if !outages_told {
+        requeue = requeue.min(RETELL_OUTAGES);
+    }
+    Ok(Action::requeue(requeue))
 }
 
 /// Standby replicas compute nothing and write nothing; nobody plans (or resumes a run) on
@@ -159,18 +166,25 @@ pub async fn cleanup(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, Err
     Ok(Action::await_change())
 }
 
-/// A Warning event for each API-server outage that ended since the last reconcile.
-async fn report_outages(ctx: &Ctx, dp: &DefragPolicy) {
-    for note in apiclient::untold_outages(&dp.name_any()) {
-        ctx.event(
-            dp,
-            EventType::Warning,
-            EventReason::ApiServerUnavailable,
-            note,
-            None,
-        )
-        .await;
+/// A Warning event for each API-server outage that ended since the policy was last told;
+/// false if one could not be published (they are all tried again at the next reconcile,
+/// at most [`RETELL_OUTAGES`] later).
+async fn report_outages(ctx: &Ctx, dp: &DefragPolicy) -> bool {
+    let name = dp.name_any();
+    let untold = apiclient::untold_outages(&name);
+    let mut published = 0;
+    for note in untold.notes() {
+        let reason = EventReason::ApiServerUnavailable;
+        if !ctx
+            .event(dp, EventType::Warning, reason, note.into(), None)
+            .await
+        {
+            break;
+        }
+        published += 1;
     }
+    untold.told(&name, published);
+    published == untold.len()
 }
 
 /// An invalid policy: a run in progress under it is stopped and cleaned up, the
