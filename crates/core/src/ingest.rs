@@ -7,6 +7,7 @@
 //! node's inventory or other pods' records becomes [`GpuUse::Unknown`]; its node is never
 //! drained. Nothing here panics on any input.
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1 as corev1;
@@ -279,7 +280,35 @@ pub fn label_selector(
 static EMPTY_SPEC: std::sync::LazyLock<corev1::PodSpec> =
     std::sync::LazyLock::new(Default::default);
 
-fn base_pod<'p>(p: &'p corev1::Pod, nodes: &[Node]) -> (Pod, Requests<'p>) {
+/// The pods' label maps, one shared map per distinct set: the replicas of a workload have
+/// the same labels, and a copy per pod is most of what building the model allocates.
+#[derive(Default)]
+struct LabelSets<'p> {
+    sets: HashMap<&'p BTreeMap<String, String>, Arc<BTreeMap<String, String>>>,
+    empty: Arc<BTreeMap<String, String>>,
+}
+
+impl<'p> LabelSets<'p> {
+    fn of(
+        &mut self,
+        labels: Option<&'p BTreeMap<String, String>>,
+    ) -> Arc<BTreeMap<String, String>> {
+        match labels {
+            Some(l) if !l.is_empty() => self
+                .sets
+                .entry(l)
+                .or_insert_with(|| Arc::new(l.clone()))
+                .clone(),
+            _ => self.empty.clone(),
+        }
+    }
+}
+
+fn base_pod<'p>(
+    p: &'p corev1::Pod,
+    nodes: &[Node],
+    label_sets: &mut LabelSets<'p>,
+) -> (Pod, Requests<'p>) {
     let meta = &p.metadata;
     let spec = p.spec.as_ref().unwrap_or(&EMPTY_SPEC);
     let req = Requests::of(spec);
@@ -328,7 +357,7 @@ fn base_pod<'p>(p: &'p corev1::Pod, nodes: &[Node]) -> (Pod, Requests<'p>) {
         node,
         node_name,
         phase,
-        labels: meta.labels.clone().unwrap_or_default(),
+        labels: label_sets.of(meta.labels.as_ref()),
         annotations: KEPT_ANNOTATIONS
             .iter()
             .filter_map(|k| annotations.get(*k).map(|v| ((*k).to_string(), v.clone())))
@@ -498,8 +527,9 @@ pub fn build_cluster_from(mut objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) 
     let mut kai: Vec<(usize, String, Milli)> = Vec::new(); // (pod index, group, milli)
     let mut replicas: Vec<(usize, u32)> = Vec::new(); // (pod index, replicas held)
     let mut dra_pods = 0usize; // pods with DRA claims or DRA-backed extended resources
+    let mut label_sets = LabelSets::default();
     for &p in &objs.pods {
-        let (mut pod, req) = base_pod(p, &nodes);
+        let (mut pod, req) = base_pod(p, &nodes, &mut label_sets);
         let empty = BTreeMap::new();
         let annotations = p.metadata.annotations.as_ref().unwrap_or(&empty);
         pod.workload = index.workload(&pod.namespace, pod.owner.as_ref(), &pod.labels);

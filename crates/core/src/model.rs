@@ -3,6 +3,7 @@
 //! Every GPU allocation, whatever scheme wrote it, becomes milli-GPU per device
 //! (a whole GPU = 1000). Nodes and pods are plain data; indices tie them together.
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
@@ -452,8 +453,8 @@ pub struct Pod {
     pub node_name: Option<String>,
     /// Phase.
     pub phase: Phase,
-    /// Labels.
-    pub labels: BTreeMap<String, String>,
+    /// Labels (one map shared by the pods that have the same: the replicas of a workload).
+    pub labels: Arc<BTreeMap<String, String>>,
     /// Annotations the planner reads (opt-outs, costs).
     pub annotations: BTreeMap<String, String>,
     /// GPU use on its node (bound pods).

@@ -658,7 +658,7 @@ impl<'a> PdbIndex<'a> {
         };
         let mut out: Vec<usize> = ns.other.clone();
         if !ns.by_label.is_empty() {
-            for (k, v) in &pod.labels {
+            for (k, v) in pod.labels.iter() {
                 if let Some(v) = ns.by_label.get(&(k.as_str(), v.as_str())) {
                     out.extend_from_slice(v);
                 }
@@ -1791,7 +1791,7 @@ mod pdb_index_tests {
                     }
                     let pod = Pod {
                         namespace: ns.into(),
-                        labels,
+                        labels: labels.into(),
                         ..Default::default()
                     };
                     let scan: Vec<usize> =

@@ -56,7 +56,7 @@ fn pod(ns: &str, name: &str, owner: &str) -> Pod {
         node: None,
         node_name: None,
         phase: Phase::Running,
-        labels: BTreeMap::from([("app".to_string(), owner.to_string())]),
+        labels: BTreeMap::from([("app".to_string(), owner.to_string())]).into(),
         annotations: BTreeMap::new(),
         gpu: GpuUse::None,
         shape: None,

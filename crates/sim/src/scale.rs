@@ -148,7 +148,7 @@ pub fn build(p: &ScaleParams) -> Cluster {
             node,
             node_name,
             phase,
-            labels: BTreeMap::from([("app".to_string(), name.clone())]),
+            labels: BTreeMap::from([("app".to_string(), name.clone())]).into(),
             annotations: BTreeMap::new(),
             gpu,
             shape: Some(s),

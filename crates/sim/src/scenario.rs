@@ -149,7 +149,7 @@ pub fn pod_of(t: &TracePod, name: String, node: Option<(usize, &str)>, devs: &[u
         } else {
             Phase::Pending
         },
-        labels: BTreeMap::from([("app".to_string(), name.clone())]),
+        labels: BTreeMap::from([("app".to_string(), name.clone())]).into(),
         annotations: BTreeMap::new(),
         gpu: if node.is_some() {
             GpuUse::Devices(devs.iter().map(|&g| (g, t.gpu_milli)).collect())

@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1 as corev1;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::formats::{self, FormatError};
 use crate::model::*;
@@ -213,6 +214,37 @@ impl<'a> ContainerRequests<'a> {
     }
 }
 
+/// `(name, quantity)` of a container's requests and limits in name order, a limit in
+/// place of the request of the same name.
+fn merge_limits<'a>(
+    requests: Option<&'a BTreeMap<String, Quantity>>,
+    limits: Option<&'a BTreeMap<String, Quantity>>,
+) -> Vec<(&'a str, &'a str)> {
+    let entry = |(k, v): (&'a String, &'a Quantity)| (k.as_str(), v.0.as_str());
+    let mut req = requests.into_iter().flatten().map(entry).peekable();
+    let mut lim = limits.into_iter().flatten().map(entry).peekable();
+    let n = requests.map_or(0, |x| x.len()) + limits.map_or(0, |x| x.len());
+    let mut out = Vec::with_capacity(n);
+    loop {
+        let next = match (req.peek(), lim.peek()) {
+            (Some(r), Some(l)) => match r.0.cmp(l.0) {
+                std::cmp::Ordering::Less => req.next(),
+                std::cmp::Ordering::Greater => lim.next(),
+                std::cmp::Ordering::Equal => {
+                    req.next();
+                    lim.next()
+                }
+            },
+            (Some(_), None) => req.next(),
+            (None, _) => lim.next(),
+        };
+        match next {
+            Some(e) => out.push(e),
+            None => return out,
+        }
+    }
+}
+
 /// Per-pod resource requests, summed over containers (init containers: the max).
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Requests<'a> {
@@ -237,26 +269,9 @@ impl<'a> Requests<'a> {
             let mut m: Vec<(&'a str, &'a str)> = Vec::new();
             if let Some(res) = &c.resources {
                 // Extended resources must have requests == limits; take limits, then requests:
-                // a limit replaces the request of the same name.
-                let n = res.requests.as_ref().map_or(0, |x| x.len())
-                    + res.limits.as_ref().map_or(0, |x| x.len());
-                m.reserve_exact(n);
-                for src in [&res.requests, &res.limits].into_iter().flatten() {
-                    for (k, v) in src {
-                        m.push((k.as_str(), v.0.as_str()));
-                    }
-                }
-                // Sorted by name, stable: of two entries of one name the limit comes last
-                // and is kept.
-                m.sort_by(|a, b| a.0.cmp(b.0));
-                let mut out: Vec<(&'a str, &'a str)> = Vec::with_capacity(m.len());
-                for e in m.drain(..) {
-                    match out.last_mut() {
-                        Some(last) if last.0 == e.0 => *last = e,
-                        _ => out.push(e),
-                    }
-                }
-                m = out;
+                // a limit replaces the request of the same name. Both maps are in name order:
+                // one merge keeps that order.
+                m = merge_limits(res.requests.as_ref(), res.limits.as_ref());
                 let req = res.requests.as_ref().or(res.limits.as_ref());
                 if let Some(req) = req {
                     cpu = cpu.saturating_add(
@@ -585,5 +600,28 @@ mod tests {
         ]
         .into();
         assert_eq!(all, want);
+    }
+
+    #[test]
+    fn a_limit_replaces_the_request_of_its_name_in_name_order() {
+        let map = |kv: &[(&str, &str)]| -> BTreeMap<String, Quantity> {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                .collect()
+        };
+        let req = map(&[("cpu", "1"), ("memory", "1Gi"), ("nvidia.com/gpu", "1")]);
+        let lim = map(&[("a.io/x", "2"), ("memory", "2Gi"), ("nvidia.com/gpu", "1")]);
+        assert_eq!(
+            merge_limits(Some(&req), Some(&lim)),
+            [
+                ("a.io/x", "2"),
+                ("cpu", "1"),
+                ("memory", "2Gi"),
+                ("nvidia.com/gpu", "1")
+            ]
+        );
+        assert_eq!(merge_limits(None, Some(&lim)).len(), 3);
+        assert_eq!(merge_limits(Some(&req), None)[1], ("memory", "1Gi"));
+        assert!(merge_limits(None, None).is_empty());
     }
 }
