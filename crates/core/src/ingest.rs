@@ -6,6 +6,7 @@
 //! Rule: a pod whose GPU record is missing, malformed or contradicts its requests, its
 //! node's inventory or other pods' records becomes [`GpuUse::Unknown`]; its node is never
 //! drained. Nothing here panics on any input.
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -280,15 +281,33 @@ pub fn label_selector(
 static EMPTY_SPEC: std::sync::LazyLock<corev1::PodSpec> =
     std::sync::LazyLock::new(Default::default);
 
+/// The scheduler a pod names (`default-scheduler` when none); the common names are not
+/// copied per pod.
+fn scheduler_of(name: Option<&str>) -> Cow<'static, str> {
+    match name {
+        None | Some(DEFAULT_SCHEDULER) => Cow::Borrowed(DEFAULT_SCHEDULER),
+        Some(gpu_defrag_api::v1alpha1::BINPACK_SCHEDULER) => {
+            Cow::Borrowed(gpu_defrag_api::v1alpha1::BINPACK_SCHEDULER)
+        }
+        Some(other) => Cow::Owned(other.to_string()),
+    }
+}
+
 /// The pods' label maps, one shared map per distinct set: the replicas of a workload have
 /// the same labels, and a copy per pod is most of what building the model allocates.
-#[derive(Default)]
 struct LabelSets<'p> {
     sets: HashMap<&'p BTreeMap<String, String>, Arc<BTreeMap<String, String>>>,
     empty: Arc<BTreeMap<String, String>>,
 }
 
 impl<'p> LabelSets<'p> {
+    fn with_capacity(pods: usize) -> Self {
+        LabelSets {
+            sets: HashMap::with_capacity(pods),
+            empty: Arc::default(),
+        }
+    }
+
     fn of(
         &mut self,
         labels: Option<&'p BTreeMap<String, String>>,
@@ -358,9 +377,11 @@ fn base_pod<'p>(
         node_name,
         phase,
         labels: label_sets.of(meta.labels.as_ref()),
-        annotations: KEPT_ANNOTATIONS
+        // A pod has few annotations: each is looked up in the short list.
+        annotations: annotations
             .iter()
-            .filter_map(|k| annotations.get(*k).map(|v| ((*k).to_string(), v.clone())))
+            .filter(|(k, _)| KEPT_ANNOTATIONS.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         gpu: GpuUse::None,
         shape: None,
@@ -378,10 +399,7 @@ fn base_pod<'p>(
         ready,
         deleting: meta.deletion_timestamp.is_some(),
         mirror: annotations.contains_key("kubernetes.io/config.mirror"),
-        scheduler: spec
-            .scheduler_name
-            .clone()
-            .unwrap_or_else(|| DEFAULT_SCHEDULER.to_string()),
+        scheduler: scheduler_of(spec.scheduler_name.as_deref()),
         local_storage,
         pvc: volumes().any(|v| v.persistent_volume_claim.is_some()),
         ephemeral_volume: volumes().any(|v| v.ephemeral.is_some()),
@@ -527,7 +545,7 @@ pub fn build_cluster_from(mut objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) 
     let mut kai: Vec<(usize, String, Milli)> = Vec::new(); // (pod index, group, milli)
     let mut replicas: Vec<(usize, u32)> = Vec::new(); // (pod index, replicas held)
     let mut dra_pods = 0usize; // pods with DRA claims or DRA-backed extended resources
-    let mut label_sets = LabelSets::default();
+    let mut label_sets = LabelSets::with_capacity(objs.pods.len());
     for &p in &objs.pods {
         let (mut pod, req) = base_pod(p, &nodes, &mut label_sets);
         let empty = BTreeMap::new();

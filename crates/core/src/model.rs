@@ -2,6 +2,7 @@
 //!
 //! Every GPU allocation, whatever scheme wrote it, becomes milli-GPU per device
 //! (a whole GPU = 1000). Nodes and pods are plain data; indices tie them together.
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -488,7 +489,7 @@ pub struct Pod {
     pub mirror: bool,
     /// `spec.schedulerName` (`default-scheduler` when the input has none, as the API
     /// server defaults it).
-    pub scheduler: String,
+    pub scheduler: Cow<'static, str>,
     /// Uses a disk-backed emptyDir or a hostPath volume (a memory-backed emptyDir such as
     /// `/dev/shm` is not local storage: nothing in it outlives the container anyway).
     pub local_storage: bool,

@@ -548,7 +548,11 @@ fn movable_but_pdbs(
         ClaimSource::None if pod.resource_claims => return Err(Skip::ResourceClaim),
         ClaimSource::None => {}
     }
-    if !policy.binpack_schedulers.contains(&pod.scheduler) {
+    if !policy
+        .binpack_schedulers
+        .iter()
+        .any(|s| *s == pod.scheduler)
+    {
         return Err(Skip::SchedulerNotBinpacking);
     }
     if let Some(pc) = &pod.priority_class

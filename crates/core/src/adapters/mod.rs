@@ -265,88 +265,76 @@ impl<'a> Requests<'a> {
         let mut cpu = 0u64;
         let mut mem = 0u64;
         for c in &spec.containers {
-            r.check(c, "container");
-            let mut m: Vec<(&'a str, &'a str)> = Vec::new();
-            if let Some(res) = &c.resources {
-                // Extended resources must have requests == limits; take limits, then requests:
-                // a limit replaces the request of the same name. Both maps are in name order:
-                // one merge keeps that order.
-                m = merge_limits(res.requests.as_ref(), res.limits.as_ref());
-                let req = res.requests.as_ref().or(res.limits.as_ref());
-                if let Some(req) = req {
-                    cpu = cpu.saturating_add(
-                        req.get("cpu")
-                            .and_then(|q| formats::quantity_to_milli(&q.0).ok())
-                            .unwrap_or(0),
-                    );
-                    mem = mem.saturating_add(
-                        req.get("memory")
-                            .and_then(|q| formats::quantity_to_bytes(&q.0).ok())
-                            .unwrap_or(0),
-                    );
-                }
-            }
+            let (c_cpu, c_mem) = r.read(c, "container");
+            cpu = cpu.saturating_add(c_cpu);
+            mem = mem.saturating_add(c_mem);
+            // Extended resources must have requests == limits; take limits, then requests:
+            // a limit replaces the request of the same name. Both maps are in name order:
+            // one merge keeps that order.
+            let m = c.resources.as_ref().map_or_else(Vec::new, |res| {
+                merge_limits(res.requests.as_ref(), res.limits.as_ref())
+            });
             r.per_container.push(ContainerRequests(m));
         }
         for c in spec.init_containers.iter().flatten() {
-            r.check(c, "init container");
-            if let Some(req) = c
-                .resources
-                .as_ref()
-                .and_then(|r| r.requests.as_ref().or(r.limits.as_ref()))
-            {
-                cpu = cpu.max(
-                    req.get("cpu")
-                        .and_then(|q| formats::quantity_to_milli(&q.0).ok())
-                        .unwrap_or(0),
-                );
-                mem = mem.max(
-                    req.get("memory")
-                        .and_then(|q| formats::quantity_to_bytes(&q.0).ok())
-                        .unwrap_or(0),
-                );
-            }
+            let (c_cpu, c_mem) = r.read(c, "init container");
+            cpu = cpu.max(c_cpu);
+            mem = mem.max(c_mem);
         }
         r.cpu = cpu;
         r.mem = mem;
         r
     }
 
-    /// Records the first request or limit of `c` that is not a quantity (`cpu` must read as
-    /// milli-CPU, `memory` as bytes), unless one was recorded already.
-    fn check(&mut self, c: &corev1::Container, what: &str) {
-        if self.bad.is_some() {
-            return;
-        }
-        let Some(res) = &c.resources else { return };
+    /// A container's CPU (milli) and memory (bytes) requests (its limits where it has no
+    /// requests; 0 where unreadable), each quantity read once. Records the first request
+    /// or limit of `c` that is not a quantity (`cpu` must read as milli-CPU, `memory` as
+    /// bytes), unless one was recorded already.
+    fn read(&mut self, c: &corev1::Container, what: &str) -> (u64, u64) {
+        let Some(res) = &c.resources else {
+            return (0, 0);
+        };
+        let (mut cpu, mut mem) = (0, 0);
         for (section, list) in [("requests", &res.requests), ("limits", &res.limits)] {
+            // The requests, or the limits of a container without requests.
+            let counted = (section == "requests") == res.requests.is_some();
             for (k, v) in list.iter().flatten() {
+                let wanted = counted && (k == "cpu" || k == "memory");
                 // A limit equal to its request was read with the request.
-                if section == "limits"
-                    && res
-                        .requests
-                        .as_ref()
-                        .and_then(|r| r.get(k))
-                        .is_some_and(|r| r.0 == v.0)
-                {
+                let checked = self.bad.is_none()
+                    && !(section == "limits"
+                        && res
+                            .requests
+                            .as_ref()
+                            .and_then(|r| r.get(k))
+                            .is_some_and(|r| r.0 == v.0));
+                if !wanted && !checked {
                     continue;
                 }
                 let read = match k.as_str() {
-                    "cpu" => formats::quantity_to_milli(&v.0).map(drop),
-                    "memory" => formats::quantity_to_bytes(&v.0).map(drop),
+                    "cpu" => formats::quantity_to_milli(&v.0),
+                    "memory" => formats::quantity_to_bytes(&v.0),
                     _ => formats::quantity::parse_milli(formats::keys::QUANTITY, &v.0, true)
-                        .map(drop),
+                        .map(|_| 0),
                 };
-                if let Err(e) = read {
+                if wanted {
+                    let x = read.as_ref().map_or(0, |x| *x);
+                    if k == "cpu" {
+                        cpu = x;
+                    } else {
+                        mem = x;
+                    }
+                }
+                if checked && let Err(e) = read {
                     self.bad = Some(format!(
                         "{what} {}: {section}.{}: {e}",
                         trunc(&c.name),
                         trunc(k)
                     ));
-                    return;
                 }
             }
         }
+        (cpu, mem)
     }
 
     /// Why the pod's requests cannot be read: its first request or limit that is not a
@@ -623,5 +611,54 @@ mod tests {
         assert_eq!(merge_limits(None, Some(&lim)).len(), 3);
         assert_eq!(merge_limits(Some(&req), None)[1], ("memory", "1Gi"));
         assert!(merge_limits(None, None).is_empty());
+    }
+
+    #[test]
+    fn cpu_and_memory_come_from_requests_else_limits_init_containers_at_most() {
+        let res = |req: &[(&str, &str)], lim: &[(&str, &str)]| {
+            let map = |kv: &[(&str, &str)]| {
+                (!kv.is_empty()).then(|| {
+                    kv.iter()
+                        .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                        .collect::<BTreeMap<_, _>>()
+                })
+            };
+            corev1::Container {
+                resources: Some(corev1::ResourceRequirements {
+                    requests: map(req),
+                    limits: map(lim),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }
+        };
+        let spec = corev1::PodSpec {
+            containers: vec![
+                // requests win; the limit's cpu is not counted
+                res(&[("cpu", "500m")], &[("cpu", "2"), ("memory", "1Gi")]),
+                // no requests: the limits count
+                res(&[], &[("cpu", "1"), ("memory", "1Ki")]),
+                corev1::Container::default(),
+            ],
+            init_containers: Some(vec![
+                res(&[("cpu", "3")], &[]),
+                res(&[("memory", "2Ki")], &[]),
+            ]),
+            ..Default::default()
+        };
+        let r = Requests::of(&spec);
+        assert_eq!((r.cpu, r.mem), (3000, 2048));
+        assert!(r.unreadable().is_none());
+        let spec = corev1::PodSpec {
+            containers: vec![res(&[("cpu", "x"), ("memory", "1Ki")], &[("memory", "y")])],
+            ..Default::default()
+        };
+        let r = Requests::of(&spec);
+        assert_eq!((r.cpu, r.mem), (0, 1024), "an unreadable cpu counts 0");
+        let bad = r.unreadable().unwrap_or_default();
+        assert!(
+            bad.starts_with("container : requests.cpu: "),
+            "the first is reported: {bad}"
+        );
     }
 }
