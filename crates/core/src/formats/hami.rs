@@ -121,7 +121,6 @@ fn parse_container(key: &'static str, slot: &str) -> Result<Vec<HamiContainerDev
     if slot.is_empty() {
         return Ok(out);
     }
-    let mut seen = BTreeSet::new();
     let mut entries = slot.split(':').peekable();
     while let Some(entry) = entries.next() {
         let entry = entry.trim();
@@ -143,7 +142,8 @@ fn parse_container(key: &'static str, slot: &str) -> Result<Vec<HamiContainerDev
         }
         let d =
             parse_pod_device(key, entry).map_err(|e| at(e, &format!("device {}", out.len())))?;
-        if !seen.insert(d.uuid.clone()) {
+        // At most MAX_DEVICES_PER_NODE devices: a scan of those before is cheap.
+        if out.iter().any(|x| x.uuid == d.uuid) {
             return Err(FormatError::Duplicate {
                 key,
                 what: "device UUID in one container",
@@ -156,8 +156,14 @@ fn parse_container(key: &'static str, slot: &str) -> Result<Vec<HamiContainerDev
 }
 
 fn parse_pod_device(key: &'static str, entry: &str) -> Result<HamiContainerDevice, FormatError> {
-    let fields: Vec<&str> = entry.splitn(5, ',').collect();
-    if fields.len() != 4 {
+    let mut parts = entry.splitn(5, ',');
+    let mut fields = [""; 4];
+    let mut n = 0;
+    for (slot, part) in fields.iter_mut().zip(parts.by_ref()) {
+        *slot = part;
+        n += 1;
+    }
+    if n != 4 || parts.next().is_some() {
         return Err(FormatError::Malformed {
             key,
             detail: format!(
