@@ -128,7 +128,7 @@ async fn apiserver_restart_mid_run_loses_no_pod_and_leaves_no_fence() {
         Ok(list.items.into_iter().next())
     })
     .await
-    .unwrap();
+    .unwrap_or_else(|e| panic!("{e}; the operator's log ends: {}", op.log_tail(40)));
     let note = event.message.clone().unwrap_or_default();
     assert!(note.contains("requests failed"), "{note}");
     let retries = metric_sum(
@@ -136,8 +136,14 @@ async fn apiserver_restart_mid_run_loses_no_pod_and_leaves_no_fence() {
         "gpu_defrag_api_requests_total",
         &[("verb", "watch")],
     );
+    // An event that could not be published right after the outage is told again later.
+    let unpublished = std::fs::read_to_string(op.log())
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("could not publish event") && l.contains("ApiServerUnavailable"))
+        .count();
     eprintln!(
-        "E2E-FIGURE faults: kube-apiserver stopped after the first eviction of run {run_id} (SIGTERM, exited in {:.1}s), down {:.1}s in all (restart took {:.1}s); the run finished as {result} {:.1}s after the restart; evictions observed {} (recorded {}), planned {planned}; outages {outages}, failed requests {unreachable}, watch requests {retries}; event: {note}",
+        "E2E-FIGURE faults: kube-apiserver stopped after the first eviction of run {run_id} (SIGTERM, exited in {:.1}s), down {:.1}s in all (restart took {:.1}s); the run finished as {result} {:.1}s after the restart; evictions observed {} (recorded {}), planned {planned}; outages {outages}, failed requests {unreachable}, watch requests {retries}; ApiServerUnavailable events that failed to publish and were told again {unpublished}; event: {note}",
         stopped_in.as_secs_f64(),
         down_for.as_secs_f64(),
         restarted_in.as_secs_f64(),
