@@ -336,21 +336,49 @@ pub enum GpuUse {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Owner {
     /// API group (from `apiVersion`; empty for the core group).
-    pub group: String,
+    pub group: Cow<'static, str>,
     /// Kind (ReplicaSet, StatefulSet, Job, DaemonSet, …).
-    pub kind: String,
+    pub kind: Cow<'static, str>,
     /// Name.
     pub name: String,
 }
 
 impl Owner {
     /// `group/Kind`, or `Kind` for the core group: the form `safety.movableOwnerKinds` uses.
-    pub fn group_kind(&self) -> String {
+    pub fn group_kind(&self) -> Cow<'static, str> {
         if self.group.is_empty() {
             self.kind.clone()
         } else {
-            format!("{}/{}", self.group, self.kind)
+            common(&format!("{}/{}", self.group, self.kind))
         }
+    }
+}
+
+/// The API groups, kinds and `group/Kind`s most pods name, shared instead of copied per
+/// pod.
+const COMMON_NAMES: &[&str] = &[
+    "",
+    "apps",
+    "batch",
+    "ReplicaSet",
+    "StatefulSet",
+    "DaemonSet",
+    "Job",
+    "CronJob",
+    "Node",
+    "apps/Deployment",
+    "apps/ReplicaSet",
+    "apps/StatefulSet",
+    "apps/DaemonSet",
+    "batch/Job",
+    "batch/CronJob",
+];
+
+/// `s`, borrowed from [`COMMON_NAMES`] when it is one of them.
+pub fn common(s: &str) -> Cow<'static, str> {
+    match COMMON_NAMES.iter().find(|c| **c == s) {
+        Some(c) => Cow::Borrowed(c),
+        None => Cow::Owned(s.to_string()),
     }
 }
 
@@ -373,7 +401,7 @@ pub enum Chain {
 pub struct Workload {
     /// `group/Kind` of the top controller (`apps/Deployment`, `batch/Job`,
     /// `kubeflow.org/PyTorchJob`, …; `Kind` alone for the core group).
-    pub kind: String,
+    pub kind: Cow<'static, str>,
     /// Its name.
     pub name: String,
     /// How the chain was read.
@@ -384,7 +412,7 @@ impl Workload {
     /// A workload read from its objects.
     pub fn checked(kind: &str, name: &str) -> Self {
         Workload {
-            kind: kind.to_string(),
+            kind: common(kind),
             name: name.to_string(),
             chain: Chain::Checked,
         }
