@@ -376,6 +376,9 @@ pub struct Solved {
     pub evictions: usize,
     /// Evicted pods that land back on their node.
     pub landed_back: usize,
+    /// The evicted pods of the best plan found.
+    #[serde(skip)]
+    pub evicted: Vec<usize>,
     /// Seconds.
     pub seconds: f64,
     /// Variables (binary, integer, continuous) and rows.
@@ -408,6 +411,10 @@ pub struct InstanceResult {
     pub optimum_drop_max: f64,
     /// The bench's bound's rate drop.
     pub bound_drop: f64,
+    /// The optimum's eviction set landed by the bench's scheduler emulation instead
+    /// (no fences): rate drop and pods left pending. Tells the choice of pods from the
+    /// choice of landings.
+    pub optimum_evictions_scheduled: PlannerResult,
     /// The solver's result.
     pub solved: Solved,
     /// Per planner: rate drop, pending pods.
@@ -474,6 +481,18 @@ pub fn run_instance(
     let solved = solve(&c, &inst, &shapes, a.time_limit)
         .with_context(|| format!("{workload} seed {seed}: solving"))?;
     let idle = before.idle_milli.max(1) as f64;
+    let ch = bench::Choice {
+        evicted: solved.evicted.clone(),
+        ..Default::default()
+    };
+    let (after, pending, _) = bench::replace(&c, &ch);
+    let t = frag::totals(&after, &Capacity::of(&after), &scope, &shapes);
+    let optimum_evictions_scheduled = PlannerResult {
+        planner: "optimum's evictions, scheduler's landing".into(),
+        drop: before.fragment_rate - t.fragment_rate,
+        evictions: ch.evicted.len(),
+        pending,
+    };
     Ok(InstanceResult {
         workload: workload.to_string(),
         seed,
@@ -486,6 +505,7 @@ pub fn run_instance(
         optimum_drop: (before.fragment_milli - solved.fragment_milli_after) / idle,
         optimum_drop_max: (before.fragment_milli - solved.fragment_milli_after_min) / idle,
         bound_drop: before.fragment_rate - bound.fragment_rate_after_min,
+        optimum_evictions_scheduled,
         solved,
         planners: planners_out,
     })
@@ -582,6 +602,28 @@ pub fn markdown(results: &[InstanceResult], target: f64) -> Result<String> {
             }
             writeln!(md, "{}", row(name, shares, pending, drops))?;
         }
+        let sched: Vec<f64> = rs
+            .iter()
+            .map(|r| share(r.optimum_evictions_scheduled.drop, r.optimum_drop))
+            .collect();
+        let sched_drop: Vec<f64> = rs
+            .iter()
+            .map(|r| r.optimum_evictions_scheduled.drop)
+            .collect();
+        let sched_pending = rs
+            .iter()
+            .filter(|r| r.optimum_evictions_scheduled.pending > 0)
+            .count();
+        writeln!(
+            md,
+            "{}",
+            row(
+                "optimum's evictions, scheduler's landing",
+                sched,
+                sched_pending,
+                sched_drop
+            )
+        )?;
         let opt: Vec<f64> = rs.iter().map(|r| r.optimum_drop).collect();
         writeln!(md, "{}", row("**optimum** (MILP)", vec![1.0; n], 0, opt))?;
         let ub: Vec<f64> = rs
@@ -959,6 +1001,7 @@ mod milp {
             objective: objective_value,
             fragment_milli_after_min: dual.min(t.fragment_milli),
             evictions: plan.moves.len(),
+            evicted: plan.moves.iter().map(|m| m.0).collect(),
             landed_back,
             seconds: t0.elapsed().as_secs_f64(),
             size: [size_vars[0], size_vars[1], size_vars[2], n_rows],
