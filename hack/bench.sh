@@ -164,6 +164,43 @@ EOF
   else
     echo "_The trace was not found at \`$TRACE\`: the quality matrix was not run._"
   fi
+  if [[ $HAVE_TRACE == 1 ]]; then
+    cat <<EOF
+
+## The exact optimum on sub-clusters
+
+Command: \`$EXACT_CMD\` ($EXACT_WALL s wall clock in all; per-instance JSON with
+\`-o json\`; needs the build with \`--features exact\`, which \`make bench\` makes).
+
+How it is built and measured (crates/sim/src/exact.rs):
+- **Sub-clusters**: $EXACT_NODES nodes drawn at random (seeded) from the trace's GPU node
+  list (mixed sizes and models), fragmented the bench's way (spreading scheduler to 90%
+  of GPU capacity, then 30% of the pods leave). Budget: 5% of the bound GPU pods, at
+  least 3. Target shapes derived from the pods, as above. Seeds $EXACT_SEEDS (none of
+  them used to tune anything; nothing in the planner was tuned for this table).
+- **Optimum**: a MILP of "at most B evictions, and where each evicted pod lands (any
+  node and devices it fits: GPU share, cpu, memory, GPU model), to minimise the fragment
+  milli after", solved by HiGHS (time limit 60 s per instance, one thread). The metric
+  is linearised exactly (each GPU's free milli on levels cut at the shapes' milli; per
+  node, whether each multi-GPU shape fits); every evicted pod must land, so idle milli
+  is unchanged and the rate is minimised too. The solver's plan is applied and measured
+  with the bench's metric. It is the optimum when **the plan also chooses the
+  landing**; the planners' rows are measured through the bin-packing scheduler
+  emulation, which need not land pods where the optimum would, so the optimum is at or
+  above what any planner realises. An instance the solver did not prove optimal within
+  its time limit counts with its best plan found (column *solved to optimality*; row
+  *solver's upper limit*: its dual bound as a share of that plan).
+- *share of optimum*: a planner's rate drop over the optimum's, per instance; median,
+  min and max over the seeds. *bound (bench)*: the bench's LP bound (which ignores fit)
+  over the optimum. *pending (instances)*: instances where the planner left evicted pods
+  pending (a pending pod raises idle milli, which can lower the rate: such a share can
+  pass 100%). *optimum's evictions, scheduler's landing*: the optimum's eviction set
+  re-placed by the bin-packing emulation like a planner's choice (no fences): what the
+  best set of pods gives when the scheduler, not the plan, chooses where they land.
+
+EOF
+    cat "$TMP/exact.md"
+  fi
   cat <<EOF
 
 ## Speed
@@ -234,41 +271,6 @@ trimmed); one reconcile adds about 0.35 GiB. Reaching 1 GiB needs a compact cach
 faster reconcile.
 RECONCILENOTE
 
-  if [[ $HAVE_TRACE == 1 ]]; then
-    cat <<EOF
-## The exact optimum on sub-clusters
-
-Command: \`$EXACT_CMD\` ($EXACT_WALL s wall clock in all; per-instance JSON with
-\`-o json\`; needs the build with \`--features exact\`, which \`make bench\` makes).
-
-How it is built and measured (crates/sim/src/exact.rs):
-- **Sub-clusters**: $EXACT_NODES nodes drawn at random (seeded) from the trace's GPU node
-  list (mixed sizes and models), fragmented the bench's way (spreading scheduler to 90%
-  of GPU capacity, then 30% of the pods leave). Budget: 5% of the bound GPU pods, at
-  least 3. Target shapes derived from the pods, as above. Seeds $EXACT_SEEDS (none of
-  them used to tune anything; nothing in the planner was tuned for this table).
-- **Optimum**: a MILP of "at most B evictions, and where each evicted pod lands (any
-  node and devices it fits: GPU share, cpu, memory, GPU model), to minimise the fragment
-  milli after", solved by HiGHS (time limit 60 s per instance, one thread). The metric
-  is linearised exactly (each GPU's free milli on levels cut at the shapes' milli; per
-  node, whether each multi-GPU shape fits); every evicted pod must land, so idle milli
-  is unchanged and the rate is minimised too. The solver's plan is applied and measured
-  with the bench's metric. It is the optimum when **the plan also chooses the
-  landing**; the planners' rows are measured through the bin-packing scheduler
-  emulation, which need not land pods where the optimum would, so the optimum is at or
-  above what any planner realises. An instance the solver did not prove optimal within
-  its time limit counts with its best plan found (column *solved to optimality*; row
-  *solver's upper limit*: its dual bound as a share of that plan).
-- *share of optimum*: a planner's rate drop over the optimum's, per instance; median,
-  min and max over the seeds. *bound (bench)*: the bench's LP bound (which ignores fit)
-  over the optimum. *pending (instances)*: instances where the planner left evicted pods
-  pending (a pending pod raises idle milli, which can lower the rate: such a share can
-  pass 100%).
-
-EOF
-    cat "$TMP/exact.md"
-    echo
-  fi
   cat <<'FINDINGS'
 
 ## Findings

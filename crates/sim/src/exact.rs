@@ -79,7 +79,6 @@
 //! is the one reported (it must agree with the MILP's objective).
 // Without the solver only the tests use the model's parts.
 #![cfg_attr(not(feature = "exact"), allow(dead_code))]
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
@@ -323,7 +322,7 @@ pub fn deal(pods: &[usize], k: usize, counts: &[(usize, u32)]) -> Result<Vec<(us
 
 /// A sub-trace: `nodes` of the trace's nodes drawn at random (seeded), every pod.
 pub fn sub_trace(tr: &Trace, nodes: usize, seed: u64) -> Trace {
-    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_0f_5ab_c1u64);
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x05ee_d0f5_abc1_u64);
     let mut idx: Vec<usize> = (0..tr.nodes.len()).collect();
     idx.shuffle(&mut rng);
     idx.truncate(nodes);
@@ -683,6 +682,7 @@ build it with `bash hack/exact-deps.sh && cargo build --release -p gpu-defrag-si
 #[cfg(feature = "exact")]
 mod milp {
     //! The MILP (see the module above) with good_lp, solved by HiGHS.
+    use std::collections::BTreeMap;
     use std::time::Instant;
 
     use ::highs::HighsModelStatus;
@@ -690,6 +690,9 @@ mod milp {
     use good_lp::{Expression, ProblemVariables, SolverModel, Variable, variable};
 
     use super::*;
+
+    /// Landing counts: (class (GPUs, milli), node) → per GPU (GPU, variable, column).
+    type Counts = BTreeMap<((u32, Milli), usize), Vec<(usize, Variable, usize)>>;
 
     /// Columns in creation order: good_lp hands its variables to HiGHS in that order,
     /// so column i of HiGHS' solution is the i-th variable created.
@@ -789,10 +792,9 @@ mod milp {
             classes.entry((cand.gpus, cand.milli)).or_default().push(ci);
         }
         // (class, node) → per GPU (count variable, column).
-        let mut counts: BTreeMap<((u32, Milli), usize), Vec<(usize, Variable, usize)>> =
-            BTreeMap::new();
+        let mut counts: Counts = BTreeMap::new();
         for (&(k, s), members) in &classes {
-            for n in 0..nn {
+            for (n, node_delta_gpu) in gpu_delta.iter_mut().enumerate() {
                 let mut incoming = Expression::default();
                 let mut any = false;
                 for &ci in members {
@@ -817,7 +819,7 @@ mod milp {
                     };
                     let (dv, di) = v.integer(cap.min(members.len() as f64));
                     total += dv;
-                    gpu_delta[n][g] += f64::from(s) * dv;
+                    node_delta_gpu[g] += f64::from(s) * dv;
                     if k >= 2 {
                         rows.push(Expression::from(dv).leq(incoming.clone()));
                     }
