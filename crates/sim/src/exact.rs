@@ -375,6 +375,8 @@ pub struct Solved {
     pub evictions: usize,
     /// Evicted pods that land back on their node.
     pub landed_back: usize,
+    /// Free milli after the plan of each GPU an evicted pod landed on (once per GPU).
+    pub receiver_free_after: Vec<Milli>,
     /// The evicted pods of the best plan found.
     #[serde(skip)]
     pub evicted: Vec<usize>,
@@ -997,7 +999,19 @@ mod milp {
             "the MILP's objective {objective_value} differs from the measured fragment milli {}",
             t.fragment_milli
         );
+        let mut receivers: Vec<(usize, usize)> = plan
+            .moves
+            .iter()
+            .flat_map(|(_, n, devs)| devs.iter().map(move |g| (*n, *g)))
+            .collect();
+        receivers.sort_unstable();
+        receivers.dedup();
+        let receiver_free_after = receivers
+            .iter()
+            .map(|&(n, g)| after.nodes[n].gpus[g].free())
+            .collect();
         Ok(Solved {
+            receiver_free_after,
             optimal,
             fragment_milli_after: t.fragment_milli,
             objective: objective_value,
