@@ -326,7 +326,7 @@ Read with the figures above (they are regenerated; this section is not).
   share (less than it on `gpushare40` and `multigpu30`). The optimum lands each evicted
   pod where it fills a GPU's hole almost exactly: on `default` and `gpushare40`, seeds
   101–105, every one of the 78 GPUs that received a pod was left with at most 180 free
-  milli (most with 30–60), below every target shape (`receiverFreeAfter` in the JSON);
+  milli (most with 30–60; `receiverFreeAfter` in the JSON), little for any shape to lose;
   a MostAllocated node with a best-fit device does that only by chance, and
   gpu-defrag's fences only keep pods off its sources. So 95% of this optimum needs control over where pods land (a scheduler
   scoring the metric, as FGD's placement does, or per-pod placement), not a better
