@@ -2,6 +2,8 @@
 # make bench: planner quality on the Alibaba GPU trace against the baselines, planner
 # speed at 10k nodes, report speed. Writes docs/benchmarks.md and prints it.
 #   SEEDS=10 (seeds per workload)   TRACE=DIR (default ../shared/data/alibaba-gpu-v2023/csv)
+#   EXACT_SEEDS=101..110 EXACT_WORKLOADS=default,gpushare40,multigpu30 EXACT_NODES=40
+#   (the exact optimum on sub-clusters: builds gpu-defrag-sim with `--features exact`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
