@@ -10,7 +10,7 @@ PREFIX ?= $(HOME)/.local
 BINDIR ?= $(PREFIX)/bin
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: all build demo test lint fmt crds check-crds check-monitoring bench bench-e2e clean help install uninstall
+.PHONY: all build demo test test-exact lint fmt crds check-crds check-monitoring bench bench-e2e clean help install uninstall
 
 all: build
 
@@ -25,6 +25,13 @@ demo: ## Build, make a fragmented example cluster and report on it
 
 test: lint check-crds check-monitoring ## Every test: format, lints, unit, property and e2e tests
 	$(CARGO) test --workspace --all-targets
+
+# Not part of `make test`: the exact optimum's solver (HiGHS) builds from source, about
+# 4 minutes on 2 cores; hack/exact-deps.sh installs libclang when it is missing.
+test-exact: ## Tests of crates/sim's exact MILP (feature `exact`: builds HiGHS) and its clippy
+	@bash hack/exact-deps.sh
+	$(CARGO) clippy -p gpu-defrag-sim --all-targets --features exact -- -D warnings
+	$(CARGO) test -p gpu-defrag-sim --features exact
 
 lint: ## cargo fmt --check and clippy -D warnings
 	$(CARGO) fmt --all -- --check

@@ -2,6 +2,8 @@
 # make bench: planner quality on the Alibaba GPU trace against the baselines, planner
 # speed at 10k nodes, report speed. Writes docs/benchmarks.md and prints it.
 #   SEEDS=10 (seeds per workload)   TRACE=DIR (default ../shared/data/alibaba-gpu-v2023/csv)
+#   EXACT_SEEDS=101..110 EXACT_WORKLOADS=default,gpushare40,multigpu30 EXACT_NODES=40
+#   (the exact optimum on sub-clusters: builds gpu-defrag-sim with `--features exact`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,7 +16,10 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
 echo "building (release)…" >&2
-cargo build --release -q -p gpu-defrag-sim
+# The exact optimum (section "The exact optimum on sub-clusters") needs the `exact`
+# feature: HiGHS built from source (cmake, a C++ compiler, libclang).
+bash hack/exact-deps.sh >&2
+cargo build --release -q -p gpu-defrag-sim --features exact
 cargo build --release -q -p gpu-defrag-operator --example reconcile_cost
 
 command -v jq >/dev/null || { echo "make bench needs jq (Debian: apt-get install jq)" >&2; exit 1; }
@@ -41,6 +46,20 @@ if [[ -f "$TRACE/openb_node_list_gpu_node.csv" ]]; then
 else
   echo "trace not found at $TRACE: skipping the quality matrix (synthetic parts only)" >&2
   HAVE_TRACE=0
+fi
+
+# The exact optimum on sub-clusters (crates/sim/src/exact.rs): a MILP solved by HiGHS.
+EXACT_SEEDS=${EXACT_SEEDS:-101..110}
+EXACT_WORKLOADS=${EXACT_WORKLOADS:-default,gpushare40,multigpu30}
+EXACT_NODES=${EXACT_NODES:-40}
+EXACT_CMD="gpu-defrag-sim exact --trace $TRACE --workloads $EXACT_WORKLOADS --seeds $EXACT_SEEDS --nodes $EXACT_NODES --load 0.9 --departures 0.3 --budget 0.05 --min-budget 3 --time-limit 60 -o markdown"
+if [[ $HAVE_TRACE == 1 ]]; then
+  echo "exact optimum: $EXACT_WORKLOADS × seeds $EXACT_SEEDS, $EXACT_NODES nodes…" >&2
+  EXACT_T0=$SECONDS
+  "$BIN" exact --trace "$TRACE" --workloads "$EXACT_WORKLOADS" --seeds "$EXACT_SEEDS" \
+    --nodes "$EXACT_NODES" --load 0.9 --departures 0.3 --budget 0.05 --min-budget 3 \
+    --time-limit 60 -o markdown --json "$TMP/exact.json" >"$TMP/exact.md"
+  EXACT_WALL=$((SECONDS - EXACT_T0))
 fi
 
 # Churn replay over days (crates/sim/src/replay.rs): every planner on the same arrivals.
@@ -146,6 +165,43 @@ EOF
     cat "$TMP/matrix.md"
   else
     echo "_The trace was not found at \`$TRACE\`: the quality matrix was not run._"
+  fi
+  if [[ $HAVE_TRACE == 1 ]]; then
+    cat <<EOF
+
+## The exact optimum on sub-clusters
+
+Command: \`$EXACT_CMD\` ($EXACT_WALL s wall clock in all; per-instance JSON with
+\`-o json\`; needs the build with \`--features exact\`, which \`make bench\` makes).
+
+How it is built and measured (crates/sim/src/exact.rs):
+- **Sub-clusters**: $EXACT_NODES nodes drawn at random (seeded) from the trace's GPU node
+  list (mixed sizes and models), fragmented the bench's way (spreading scheduler to 90%
+  of GPU capacity, then 30% of the pods leave). Budget: 5% of the bound GPU pods, at
+  least 3. Target shapes derived from the pods, as above. Seeds $EXACT_SEEDS (none of
+  them used to tune anything; nothing in the planner was tuned for this table).
+- **Optimum**: a MILP of "at most B evictions, and where each evicted pod lands (any
+  node and devices it fits: GPU share, cpu, memory, GPU model), to minimise the fragment
+  milli after", solved by HiGHS (time limit 60 s per instance, one thread). The metric
+  is linearised exactly (each GPU's free milli on levels cut at the shapes' milli; per
+  node, whether each multi-GPU shape fits); every evicted pod must land, so idle milli
+  is unchanged and the rate is minimised too. The solver's plan is applied and measured
+  with the bench's metric. It is the optimum when **the plan also chooses the
+  landing**; the planners' rows are measured through the bin-packing scheduler
+  emulation, which need not land pods where the optimum would, so the optimum is at or
+  above what any planner realises. An instance the solver did not prove optimal within
+  its time limit counts with its best plan found (column *solved to optimality*; row
+  *solver's upper limit*: its dual bound as a share of that plan).
+- *share of optimum*: a planner's rate drop over the optimum's, per instance; median,
+  min and max over the seeds. *bound (bench)*: the bench's LP bound (which ignores fit)
+  over the optimum. *pending (instances)*: instances where the planner left evicted pods
+  pending (a pending pod raises idle milli, which can lower the rate: such a share can
+  pass 100%). *optimum's evictions, scheduler's landing*: the optimum's eviction set
+  re-placed by the bin-packing emulation like a planner's choice (no fences): what the
+  best set of pods gives when the scheduler, not the plan, chooses where they land.
+
+EOF
+    cat "$TMP/exact.md"
   fi
   cat <<EOF
 
@@ -261,6 +317,27 @@ Read with the figures above (they are regenerated; this section is not).
 - **Bound**: the free-GPU and free-node limits are tight enough to show the gap; the
   fragment-rate limit, per GPU since this version, is about 8 pp of drop at this budget
   (it was a per-node limit of about 18–26 pp before, which said little).
+- **Exact optimum** (section *The exact optimum on sub-clusters*; written by hand from
+  seeds 101–110): when the plan also chooses where every evicted pod lands, the optimum
+  drops the fragment rate by 6.6–7.6 pp (medians, 40 nodes), and the bench's bound is
+  only 6–9% above it (medians; 2–34% per instance): on these sub-clusters fit seldom
+  binds, so the bound is nearly reachable. gpu-defrag reaches 56–72% of the optimum
+  (medians), not the ≥ 95% set in issue 18; the best baseline, `fgd-descheduler`,
+  58–65%. Why: the landing, not the choice of pods. The optimum's own eviction set,
+  re-placed by the bin-packing scheduler emulation, reaches 59–69% — about gpu-defrag's
+  share (less than it on `gpushare40` and `multigpu30`). The optimum lands each evicted
+  pod where it fills a GPU's hole almost exactly: on `default` and `gpushare40`, seeds
+  101–105, every one of the 78 GPUs that received a pod was left with at most 180 free
+  milli (most with 30–60; `receiverFreeAfter` in the JSON), little for any shape to lose;
+  a MostAllocated node with a best-fit device does that only by chance, and
+  gpu-defrag's fences only keep pods off its sources. So 95% of this optimum needs control over where pods land (a scheduler
+  scoring the metric, as FGD's placement does, or per-pod placement), not a better
+  eviction set; that no eviction set reaches it through this scheduler is not proved
+  here (the optimum's set is only one of them). On 60 nodes (same seeds, `--nodes 60`,
+  307 s wall clock): gpu-defrag 62–73%, `fgd-descheduler` 60–67%, the optimum's
+  evictions through the scheduler 60–70%, the bound 105–107% of the optimum; HiGHS
+  8.3 s median per instance, 29 of 30 proved optimal (one at the 60 s limit, within
+  8.4% of its dual bound). Nothing in crates/core was tuned for these figures.
 FINDINGS
   if [[ $HAVE_TRACE == 1 ]]; then
     cat <<EOF

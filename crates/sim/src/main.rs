@@ -8,6 +8,7 @@ use gpu_defrag_core::{frag, ingest, policy::Policy, snapshot};
 
 mod bench;
 mod cputime;
+mod exact;
 mod matrix;
 mod plot;
 mod replay;
@@ -70,6 +71,15 @@ enum ReplayOutput {
     /// Table for people, one row per run.
     Table,
     /// Markdown: medians over seeds per workload and planner.
+    Markdown,
+}
+
+/// Output format of `exact`.
+#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
+enum ExactOutput {
+    /// JSON document: every instance.
+    Json,
+    /// Markdown: share of the optimum per workload and planner.
     Markdown,
 }
 
@@ -246,6 +256,50 @@ enum Cmd {
         #[arg(short = 'f', long)]
         file: Option<PathBuf>,
     },
+    /// The exact optimum on trace sub-clusters (a MILP solved with HiGHS; needs a build
+    /// with `--features exact`): every planner's share of it, and the bench's bound.
+    Exact {
+        /// Trace CSV directory (as for `bench`).
+        #[arg(long)]
+        trace: Option<PathBuf>,
+        /// Workloads (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "default")]
+        workloads: Vec<String>,
+        /// Seeds: a range `A..B` (both included) or a comma-separated list.
+        #[arg(long, default_value = "1..10")]
+        seeds: String,
+        /// Trace nodes per sub-cluster (drawn at random, seeded).
+        #[arg(long, default_value_t = 40)]
+        nodes: usize,
+        /// Requested GPU to reach before departures (fraction of capacity).
+        #[arg(long, default_value_t = 0.9)]
+        load: f64,
+        /// Fraction of placed pods that leave.
+        #[arg(long, default_value_t = 0.3)]
+        departures: f64,
+        /// Eviction budget: fraction of bound GPU pods …
+        #[arg(long, default_value_t = 0.05)]
+        budget: f64,
+        /// … and at least this many.
+        #[arg(long, default_value_t = 3)]
+        min_budget: usize,
+        /// HighNodeUtilization `nvidia.com/gpu` threshold, percent.
+        #[arg(long, default_value_t = 50.0)]
+        hnu_threshold: f64,
+        /// HiGHS time limit per instance, seconds (an instance that hits it is reported
+        /// as not proved optimal, with the solver's upper limit).
+        #[arg(long, default_value_t = 60.0)]
+        time_limit: f64,
+        /// Share of the optimum gpu-defrag should reach (the verdict).
+        #[arg(long, default_value_t = 0.95)]
+        target: f64,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value_t = ExactOutput::Markdown)]
+        output: ExactOutput,
+        /// Also write the per-instance JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Benchmark `report`: load (parse + normalise) and metric time on a synthetic cluster.
     ReportBench {
         #[command(flatten)]
@@ -411,6 +465,45 @@ fn main() -> anyhow::Result<()> {
                 }
             }
         }
+        Cmd::Exact {
+            trace,
+            workloads,
+            seeds,
+            nodes,
+            load,
+            departures,
+            budget,
+            min_budget,
+            hnu_threshold,
+            time_limit,
+            target,
+            output,
+            json,
+        } => {
+            if !cfg!(feature = "exact") {
+                anyhow::bail!("{}", exact::NO_SOLVER);
+            }
+            let results = exact::run(&exact::ExactArgs {
+                dir: trace::resolve_dir(trace.as_deref()),
+                workloads,
+                seeds: parse_seeds(&seeds)?,
+                nodes,
+                load,
+                departures,
+                budget,
+                min_budget,
+                hnu_threshold,
+                time_limit,
+            })?;
+            let doc = serde_json::to_string_pretty(&results)?;
+            if let Some(f) = json {
+                std::fs::write(f, &doc)?;
+            }
+            match output {
+                ExactOutput::Json => println!("{doc}"),
+                ExactOutput::Markdown => print!("{}", exact::markdown(&results, target)?),
+            }
+        }
         Cmd::Gen { synth, file } => {
             let objs = synth::generate(&synth.params());
             let text = serde_json::to_string(&synth::to_list_json(&objs))?;
@@ -465,6 +558,22 @@ fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Seeds from `A..B` (both included) or `a,b,c`.
+fn parse_seeds(s: &str) -> anyhow::Result<Vec<u64>> {
+    use anyhow::Context as _;
+    let seeds: Vec<u64> = if let Some((a, b)) = s.split_once("..") {
+        let a: u64 = a.trim().parse().with_context(|| format!("seeds {s:?}"))?;
+        let b: u64 = b.trim().parse().with_context(|| format!("seeds {s:?}"))?;
+        (a..=b).collect()
+    } else {
+        s.split(',')
+            .map(|x| x.trim().parse().with_context(|| format!("seeds {s:?}")))
+            .collect::<anyhow::Result<_>>()?
+    };
+    anyhow::ensure!(!seeds.is_empty(), "seeds {s:?}: none");
+    Ok(seeds)
 }
 
 struct BenchArgs {
