@@ -350,8 +350,8 @@ fn base_pod<'p>(
         .flatten()
         .find(|o| o.controller == Some(true))
         .map(|o| Owner {
-            group: crate::model::common(workload::api_group_of(&o.api_version)),
-            kind: crate::model::common(&o.kind),
+            group: workload::api_group(&o.api_version),
+            kind: o.kind.clone(),
             name: o.name.clone(),
         });
     let volumes = || spec.volumes.iter().flatten();

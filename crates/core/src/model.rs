@@ -336,49 +336,21 @@ pub enum GpuUse {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Owner {
     /// API group (from `apiVersion`; empty for the core group).
-    pub group: Cow<'static, str>,
+    pub group: String,
     /// Kind (ReplicaSet, StatefulSet, Job, DaemonSet, …).
-    pub kind: Cow<'static, str>,
+    pub kind: String,
     /// Name.
     pub name: String,
 }
 
 impl Owner {
     /// `group/Kind`, or `Kind` for the core group: the form `safety.movableOwnerKinds` uses.
-    pub fn group_kind(&self) -> Cow<'static, str> {
+    pub fn group_kind(&self) -> String {
         if self.group.is_empty() {
             self.kind.clone()
         } else {
-            common(&format!("{}/{}", self.group, self.kind))
+            format!("{}/{}", self.group, self.kind)
         }
-    }
-}
-
-/// The API groups, kinds and `group/Kind`s most pods name, shared instead of copied per
-/// pod.
-const COMMON_NAMES: &[&str] = &[
-    "",
-    "apps",
-    "batch",
-    "ReplicaSet",
-    "StatefulSet",
-    "DaemonSet",
-    "Job",
-    "CronJob",
-    "Node",
-    "apps/Deployment",
-    "apps/ReplicaSet",
-    "apps/StatefulSet",
-    "apps/DaemonSet",
-    "batch/Job",
-    "batch/CronJob",
-];
-
-/// `s`, borrowed from [`COMMON_NAMES`] when it is one of them.
-pub fn common(s: &str) -> Cow<'static, str> {
-    match COMMON_NAMES.iter().find(|c| **c == s) {
-        Some(c) => Cow::Borrowed(c),
-        None => Cow::Owned(s.to_string()),
     }
 }
 
@@ -401,7 +373,7 @@ pub enum Chain {
 pub struct Workload {
     /// `group/Kind` of the top controller (`apps/Deployment`, `batch/Job`,
     /// `kubeflow.org/PyTorchJob`, …; `Kind` alone for the core group).
-    pub kind: Cow<'static, str>,
+    pub kind: String,
     /// Its name.
     pub name: String,
     /// How the chain was read.
@@ -412,7 +384,7 @@ impl Workload {
     /// A workload read from its objects.
     pub fn checked(kind: &str, name: &str) -> Self {
         Workload {
-            kind: common(kind),
+            kind: kind.to_string(),
             name: name.to_string(),
             chain: Chain::Checked,
         }

@@ -205,7 +205,7 @@ impl<'a> Workloads<'a> {
         for p in cluster.pods.iter().filter(|p| !p.phase.is_terminal()) {
             let Some(w) = &p.workload else { continue };
             let e = live
-                .entry((p.namespace.as_str(), w.kind.as_ref(), w.name.as_str()))
+                .entry((p.namespace.as_str(), w.kind.as_str(), w.name.as_str()))
                 .or_default();
             if p.phase == Phase::Running && p.ready && !p.deleting {
                 e.ready += 1;
@@ -222,7 +222,7 @@ impl<'a> Workloads<'a> {
             .as_ref()
             .and_then(|w| {
                 self.live
-                    .get(&(pod.namespace.as_str(), w.kind.as_ref(), w.name.as_str()))
+                    .get(&(pod.namespace.as_str(), w.kind.as_str(), w.name.as_str()))
                     .copied()
             })
             .unwrap_or_default()
@@ -511,7 +511,7 @@ fn movable_but_pdbs(
     if let Chain::Broken(_) = w.chain {
         return Err(Skip::OwnerUnknown);
     }
-    match w.kind.as_ref() {
+    match w.kind.as_str() {
         "Node" => return Err(Skip::NoController),
         "apps/DaemonSet" => return Err(Skip::DaemonSet),
         k if crate::workload::MOVABLE_KINDS.contains(&k) => {}

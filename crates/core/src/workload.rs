@@ -175,7 +175,7 @@ pub fn api_group(api_version: &str) -> String {
 }
 
 /// [`api_group`], borrowed.
-pub(crate) fn api_group_of(api_version: &str) -> &str {
+fn api_group_of(api_version: &str) -> &str {
     api_version
         .rsplit_once('/')
         .map(|(g, _)| g)
@@ -399,8 +399,8 @@ mod tests {
 
     fn owner(group: &str, kind: &str, name: &str) -> Owner {
         Owner {
-            group: group.to_string().into(),
-            kind: kind.to_string().into(),
+            group: group.into(),
+            kind: kind.into(),
             name: name.into(),
         }
     }
@@ -486,14 +486,14 @@ mod tests {
             )
             .unwrap();
         assert_eq!(
-            (w.kind.as_ref(), w.name.as_str(), w.chain),
+            (w.kind.as_str(), w.name.as_str(), w.chain),
             ("apps/Deployment", "web", Chain::NotChecked)
         );
         let w = idx
             .workload("ml", Some(&owner("apps", "ReplicaSet", "other")), &labels)
             .unwrap();
         assert_eq!(
-            (w.kind.as_ref(), w.chain),
+            (w.kind.as_str(), w.chain),
             ("apps/ReplicaSet", Chain::NotChecked)
         );
         // An Argo Rollout's pods say so by their label.
@@ -507,7 +507,7 @@ mod tests {
             )
             .unwrap();
         assert_eq!(
-            (w.kind.as_ref(), w.name.as_str(), w.chain),
+            (w.kind.as_str(), w.name.as_str(), w.chain),
             ("argoproj.io/Rollout", "canary", Chain::NotChecked)
         );
     }

@@ -260,7 +260,7 @@ impl Run {
                     uid: pod.map(|p| p.uid.clone()).unwrap_or_default(),
                     workload: pod
                         .and_then(|p| p.owner.as_ref())
-                        .map(|o| (o.kind.to_string(), o.name.clone())),
+                        .map(|o| (o.kind.clone(), o.name.clone())),
                     m,
                 }
             })
