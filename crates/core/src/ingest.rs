@@ -325,7 +325,7 @@ impl<'p> LabelSets<'p> {
 
 fn base_pod<'p>(
     p: &'p corev1::Pod,
-    nodes: &[Node],
+    node_index: &HashMap<&str, usize>,
     label_sets: &mut LabelSets<'p>,
 ) -> (Pod, Requests<'p>) {
     let meta = &p.metadata;
@@ -343,7 +343,7 @@ fn base_pod<'p>(
     let node_name = spec.node_name.clone().filter(|n| !n.is_empty());
     let node = node_name
         .as_deref()
-        .and_then(|n| nodes.binary_search_by(|x| x.name.as_str().cmp(n)).ok());
+        .and_then(|n| node_index.get(n).copied());
     let owner = meta
         .owner_references
         .iter()
@@ -539,6 +539,16 @@ pub fn build_cluster_from(mut objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) 
     built.sort_by(|a, b| a.0.name.cmp(&b.0.name));
     built.dedup_by(|a, b| a.0.name == b.0.name);
     let (mut nodes, ctxs): (Vec<Node>, Vec<NodeCtx>) = built.into_iter().unzip();
+    // Node name → index, for the pods (a hash look-up each: names share long prefixes).
+    let node_index: HashMap<&str, usize> = objs
+        .nodes
+        .iter()
+        .filter_map(|n| n.metadata.name.as_deref())
+        .filter_map(|name| {
+            let i = nodes.binary_search_by(|x| x.name.as_str().cmp(name)).ok()?;
+            Some((name, i))
+        })
+        .collect();
 
     let index = workload::Index::new(&objs.controllers, objs.pod_groups, objs.listed);
     let mut pods = Vec::with_capacity(objs.pods.len());
@@ -547,7 +557,7 @@ pub fn build_cluster_from(mut objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) 
     let mut dra_pods = 0usize; // pods with DRA claims or DRA-backed extended resources
     let mut label_sets = LabelSets::with_capacity(objs.pods.len());
     for &p in &objs.pods {
-        let (mut pod, req) = base_pod(p, &nodes, &mut label_sets);
+        let (mut pod, req) = base_pod(p, &node_index, &mut label_sets);
         let empty = BTreeMap::new();
         let annotations = p.metadata.annotations.as_ref().unwrap_or(&empty);
         pod.workload = index.workload(&pod.namespace, pod.owner.as_ref(), &pod.labels);
