@@ -274,9 +274,13 @@ sorting); the pod cache (`trim_pod`) also drops limits equal to their request, i
 and the other container fields nothing reads, volumes other than hostPath, emptyDir,
 PersistentVolumeClaim and generic ephemeral ones, conditions other than Ready, pod
 affinity, topology spread and DNS settings (`objects::tests::a_trimmed_pod_makes_the_same_model`
-checks the model is unchanged). Then (2.40 s / 2007 MiB → 2.02 s / 1908 MiB, the
-same plan and fragment rate; measured on a quiet machine, where the old code measured
-2.1–2.5 s): the replicas of a workload share one label map in the model (`LabelSets` in
+checks the model is unchanged). Then (2.40 s / 2007 MiB → 2.06 s / 1906 MiB, the
+same plan and fragment rate; five runs 1.98–2.08 s: the figure moves by ±5% with the
+machine's state, so old and new builds were compared in alternating runs, where the
+code before the last step measured 2.14 s and after it 2.01 s): a pod's node is found
+through a name index (a hash look-up: a binary search compared the long common
+prefixes of node names 14 times per pod; the model 1.31 → 1.15 s in alternating runs),
+the replicas of a workload share one label map in the model (`LabelSets` in
 ingest.rs; a copy per pod was the model's largest allocation), a container's requests
 and limits are merged in one pass (both maps are in name order; they were sorted per
 container), each quantity is parsed once (CPU and memory with the validity check), the
@@ -286,10 +290,11 @@ Tried and dropped: sharing owner and workload kinds (no measurable model time sa
 the planner measured slower), a division-free MostAllocated score (a profile blamed
 the division; the planner measured slower with the branches), not returning freed
 memory to the OS (`MIMALLOC_PURGE_DELAY=-1`: page faults per reconcile drop from about
-4,700 to none, CPU time unchanged). Both targets are still **not met**, CPU narrowly:
-the model (1.25 s: per pod about ten strings and maps copied, the (namespace, name)
-sort of the cache's references, the owner-chain and node look-ups) plus report + plan
-(0.75 s; `plan::State::eval` the largest part). Memory: the caches alone take about
+4,700 to none, CPU time unchanged), an unstable sort of the pods' keys (slower than the
+stable one here). Both targets are still **not met**, CPU narrowly: the model (1.15 s:
+per pod about ten strings and maps copied, the (namespace, name) sort of the cache's
+references, the owner-chain look-ups) plus report + plan (0.8 s; `plan::State::eval`
+the largest part). Memory: the caches alone take about
 1.66 GiB after generation (about 8 KiB per pod: a trimmed k8s-openapi `Pod` is still a
 2.4 KiB struct with a 2.3 KiB `Container` and four `BTreeMap`s of at least one 0.5 KiB
 node each; sizes printed by `std::mem::size_of`), and one reconcile adds about
