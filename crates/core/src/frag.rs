@@ -95,14 +95,7 @@ pub fn default_shapes(cluster: &Cluster, scope: &Scope) -> Vec<TargetShape> {
     }
     let total: u64 = counts.values().sum();
     if total == 0 {
-        return vec![TargetShape {
-            gpus: 1,
-            milli_per_gpu: GPU_MILLI,
-            cpu: None,
-            memory: None,
-            models: vec![],
-            weight: 1.0,
-        }];
+        return vec![TargetShape::of_gpus(1, GPU_MILLI, 1.0)];
     }
     let mut sorted: Vec<(GpuShape, u64)> = counts.into_iter().collect();
     // Most common first; ties: larger shapes first (stable, deterministic).
@@ -114,14 +107,11 @@ pub fn default_shapes(cluster: &Cluster, scope: &Scope) -> Vec<TargetShape> {
             break;
         }
         covered += c;
-        out.push(TargetShape {
-            gpus: s.gpus,
-            milli_per_gpu: s.milli.min(GPU_MILLI),
-            cpu: None,
-            memory: None,
-            models: vec![],
-            weight: c as f64,
-        });
+        out.push(TargetShape::of_gpus(
+            s.gpus,
+            s.milli.min(GPU_MILLI),
+            c as f64,
+        ));
     }
     normalise(&mut out);
     out
@@ -585,14 +575,7 @@ pub(crate) mod tests {
     }
 
     fn shape(gpus: u32, milli: Milli, weight: f64) -> TargetShape {
-        TargetShape {
-            gpus,
-            milli_per_gpu: milli,
-            cpu: None,
-            memory: None,
-            models: vec![],
-            weight,
-        }
+        TargetShape::of_gpus(gpus, milli, weight)
     }
 
     fn policy_with(shapes: Vec<TargetShape>) -> Policy {

@@ -45,6 +45,20 @@ pub struct TargetShape {
     pub weight: f64,
 }
 
+impl TargetShape {
+    /// A shape of `gpus` GPUs with `milli_per_gpu` each, on any node and model.
+    pub fn of_gpus(gpus: u32, milli_per_gpu: Milli, weight: f64) -> Self {
+        TargetShape {
+            gpus,
+            milli_per_gpu,
+            cpu: None,
+            memory: None,
+            models: Vec::new(),
+            weight,
+        }
+    }
+}
+
 /// Which nodes and pods a policy covers.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Scope {

@@ -264,14 +264,7 @@ fn sharing(extra: &str) -> Cluster {
 }
 
 fn shape(gpus: u32, milli: Milli) -> TargetShape {
-    TargetShape {
-        gpus,
-        milli_per_gpu: milli,
-        cpu: None,
-        memory: None,
-        models: vec![],
-        weight: 1.0,
-    }
+    TargetShape::of_gpus(gpus, milli, 1.0)
 }
 
 /// Whether shape `m` fits node `n` as the metric sees it (its fragment is not all of its

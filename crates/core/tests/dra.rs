@@ -35,14 +35,7 @@ fn eight_gpu_policy() -> Policy {
 /// A policy whose one target shape is `gpus` whole GPUs, moving single replicas too.
 fn whole_gpus_policy(gpus: u32) -> Policy {
     Policy {
-        shapes: vec![TargetShape {
-            gpus,
-            milli_per_gpu: 1000,
-            cpu: None,
-            memory: None,
-            models: vec![],
-            weight: 1.0,
-        }],
+        shapes: vec![TargetShape::of_gpus(gpus, 1000, 1.0)],
         evict_single_replicas: true,
         ..Default::default()
     }

@@ -451,14 +451,7 @@ fn spoof_cluster() -> gpu_defrag_core::ingest::Objects {
 /// A policy targeting whole-GPU pods, so two half GPUs are fragmentation.
 fn whole_gpu_policy() -> Policy {
     Policy {
-        shapes: vec![TargetShape {
-            gpus: 1,
-            milli_per_gpu: 1000,
-            cpu: None,
-            memory: None,
-            models: vec![],
-            weight: 1.0,
-        }],
+        shapes: vec![TargetShape::of_gpus(1, 1000, 1.0)],
         // Each pod is its workload's only replica: the records are on trial here, not
         // the workload rules.
         evict_single_replicas: true,

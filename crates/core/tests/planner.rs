@@ -115,14 +115,7 @@ fn finish(mut c: Cluster) -> Cluster {
 }
 
 fn shape(gpus: u32, milli: Milli, weight: f64) -> TargetShape {
-    TargetShape {
-        gpus,
-        milli_per_gpu: milli,
-        cpu: None,
-        memory: None,
-        models: vec![],
-        weight,
-    }
+    TargetShape::of_gpus(gpus, milli, weight)
 }
 
 /// A pod spec drawn by the strategy, placed if it fits.

@@ -304,14 +304,7 @@ impl World {
 // ---- Policies and plan helpers ------------------------------------------------------------
 
 fn shape(gpus: u32) -> TargetShape {
-    TargetShape {
-        gpus,
-        milli_per_gpu: 1000,
-        cpu: None,
-        memory: None,
-        models: vec![],
-        weight: 1.0,
-    }
+    TargetShape::of_gpus(gpus, 1000, 1.0)
 }
 
 /// The default policy with an explicit 8-GPU target shape: an 8-GPU node with 7 GPUs

@@ -893,14 +893,7 @@ mod tests {
             // The derived shapes (multi-GPU ones included: the per-node part) and single-GPU
             // shapes alone (the per-GPU part, much tighter).
             let single = [(1000, 0.5), (500, 0.3), (250, 0.2)]
-                .map(|(m, w)| TargetShape {
-                    gpus: 1,
-                    milli_per_gpu: m,
-                    cpu: None,
-                    memory: None,
-                    models: Vec::new(),
-                    weight: w,
-                })
+                .map(|(m, w)| TargetShape::of_gpus(1, m, w))
                 .to_vec();
             for shapes in [&policy.shapes, &single] {
                 let scope = Default::default();
@@ -1004,14 +997,7 @@ pub fn with_whole_node_shape(policy: &Policy, w: f64) -> Policy {
     for s in &mut p.shapes {
         s.weight *= 1.0 - w;
     }
-    p.shapes.push(TargetShape {
-        gpus: 8,
-        milli_per_gpu: GPU_MILLI,
-        cpu: None,
-        memory: None,
-        models: Vec::new(),
-        weight: w,
-    });
+    p.shapes.push(TargetShape::of_gpus(8, GPU_MILLI, w));
     p
 }
 

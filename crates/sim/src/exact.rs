@@ -1031,14 +1031,7 @@ mod tests {
     use crate::scenario::tests::*;
 
     fn shape(gpus: u32, milli: Milli, weight: f64) -> TargetShape {
-        TargetShape {
-            gpus,
-            milli_per_gpu: milli,
-            cpu: None,
-            memory: None,
-            models: Vec::new(),
-            weight,
-        }
+        TargetShape::of_gpus(gpus, milli, weight)
     }
 
     /// The linearised metric is the bench's metric, node by node, for single-GPU,

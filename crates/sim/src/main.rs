@@ -92,6 +92,24 @@ enum Output {
     Table,
 }
 
+/// How a trace scenario is fragmented, and the budget and baseline setting every
+/// planner gets (`bench`, `matrix`, `exact`).
+#[derive(clap::Args, Clone, Copy)]
+struct ScenarioArgs {
+    /// Requested GPU to reach before departures (fraction of capacity).
+    #[arg(long, default_value_t = 0.9)]
+    load: f64,
+    /// Fraction of placed pods that leave.
+    #[arg(long, default_value_t = 0.3)]
+    departures: f64,
+    /// Eviction budget: fraction of bound GPU pods.
+    #[arg(long, default_value_t = 0.05)]
+    budget: f64,
+    /// HighNodeUtilization `nvidia.com/gpu` threshold, percent.
+    #[arg(long, default_value_t = 50.0)]
+    hnu_threshold: f64,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Build a fragmented cluster from the Alibaba trace and run every planner on it
@@ -107,18 +125,8 @@ enum Cmd {
         /// Random seed.
         #[arg(long, default_value_t = 1)]
         seed: u64,
-        /// Requested GPU to reach before departures (fraction of capacity).
-        #[arg(long, default_value_t = 0.9)]
-        load: f64,
-        /// Fraction of placed pods that leave.
-        #[arg(long, default_value_t = 0.3)]
-        departures: f64,
-        /// Eviction budget: fraction of bound GPU pods.
-        #[arg(long, default_value_t = 0.05)]
-        budget: f64,
-        /// HighNodeUtilization `nvidia.com/gpu` threshold, percent.
-        #[arg(long, default_value_t = 50.0)]
-        hnu_threshold: f64,
+        #[command(flatten)]
+        scenario: ScenarioArgs,
         /// Planners to run (comma-separated; default: all).
         #[arg(long, value_delimiter = ',')]
         planners: Vec<String>,
@@ -141,18 +149,8 @@ enum Cmd {
         /// Seeds 1..=N.
         #[arg(long, default_value_t = 10)]
         seeds: u64,
-        /// Load.
-        #[arg(long, default_value_t = 0.9)]
-        load: f64,
-        /// Departures.
-        #[arg(long, default_value_t = 0.3)]
-        departures: f64,
-        /// Budget fraction.
-        #[arg(long, default_value_t = 0.05)]
-        budget: f64,
-        /// HighNodeUtilization threshold, percent.
-        #[arg(long, default_value_t = 50.0)]
-        hnu_threshold: f64,
+        #[command(flatten)]
+        scenario: ScenarioArgs,
         /// Also write every run's JSON lines to this file.
         #[arg(long)]
         raw: Option<PathBuf>,
@@ -271,21 +269,11 @@ enum Cmd {
         /// Trace nodes per sub-cluster (drawn at random, seeded).
         #[arg(long, default_value_t = 40)]
         nodes: usize,
-        /// Requested GPU to reach before departures (fraction of capacity).
-        #[arg(long, default_value_t = 0.9)]
-        load: f64,
-        /// Fraction of placed pods that leave.
-        #[arg(long, default_value_t = 0.3)]
-        departures: f64,
-        /// Eviction budget: fraction of bound GPU pods …
-        #[arg(long, default_value_t = 0.05)]
-        budget: f64,
-        /// … and at least this many.
+        #[command(flatten)]
+        scenario: ScenarioArgs,
+        /// Least eviction budget (with `--budget`).
         #[arg(long, default_value_t = 3)]
         min_budget: usize,
-        /// HighNodeUtilization `nvidia.com/gpu` threshold, percent.
-        #[arg(long, default_value_t = 50.0)]
-        hnu_threshold: f64,
         /// HiGHS time limit per instance, seconds (an instance that hits it is reported
         /// as not proved optimal, with the solver's upper limit).
         #[arg(long, default_value_t = 60.0)]
@@ -316,20 +304,17 @@ fn main() -> anyhow::Result<()> {
             trace,
             workload,
             seed,
-            load,
-            departures,
-            budget,
-            hnu_threshold,
+            scenario: sc,
             planners,
             output,
         } => run_bench(BenchArgs {
             trace,
             workload,
             seed,
-            load,
-            departures,
-            budget,
-            hnu_threshold,
+            load: sc.load,
+            departures: sc.departures,
+            budget: sc.budget,
+            hnu_threshold: sc.hnu_threshold,
             planners,
             output,
         })?,
@@ -337,10 +322,7 @@ fn main() -> anyhow::Result<()> {
             trace,
             workloads,
             seeds,
-            load,
-            departures,
-            budget,
-            hnu_threshold,
+            scenario: sc,
             raw,
             whole_node_weights,
         } => {
@@ -349,10 +331,10 @@ fn main() -> anyhow::Result<()> {
                 dir,
                 workloads,
                 seeds,
-                load,
-                departures,
-                budget,
-                hnu_threshold,
+                load: sc.load,
+                departures: sc.departures,
+                budget: sc.budget,
+                hnu_threshold: sc.hnu_threshold,
                 raw,
                 whole_node_weights,
             })?;
@@ -470,11 +452,8 @@ fn main() -> anyhow::Result<()> {
             workloads,
             seeds,
             nodes,
-            load,
-            departures,
-            budget,
+            scenario: sc,
             min_budget,
-            hnu_threshold,
             time_limit,
             target,
             output,
@@ -488,11 +467,11 @@ fn main() -> anyhow::Result<()> {
                 workloads,
                 seeds: parse_seeds(&seeds)?,
                 nodes,
-                load,
-                departures,
-                budget,
+                load: sc.load,
+                departures: sc.departures,
+                budget: sc.budget,
                 min_budget,
-                hnu_threshold,
+                hnu_threshold: sc.hnu_threshold,
                 time_limit,
             })?;
             let doc = serde_json::to_string_pretty(&results)?;
