@@ -554,6 +554,7 @@ async fn an_eviction_never_hits_a_new_pod_under_the_planned_name() {
         batch: 0,
         reason: "e2e".into(),
     };
+    let second = gpu_defrag_core::compact::CompactPod::of(&second);
     let result = evictor.evict(&m, &second, &old_uid).await;
     assert_eq!(result, EvictionResult::Gone, "the planned pod is gone");
     let still = api.get("web-0").await.unwrap();

@@ -21,6 +21,7 @@ use crate::adapters::{
     self, ADAPTERS, DraPodInput, NodeCtx, NodeInput, PodInput, Requests, Resolved, alloc_quantity,
     unknown,
 };
+use crate::compact::{CompactPod, to_chrono};
 use crate::dra::{self, Inventory, PodClaims};
 use crate::formats::{self, FormatError};
 use crate::model::*;
@@ -92,14 +93,6 @@ pub struct Objects {
     pub device_taint_rules: Vec<DeviceTaintRule>,
     /// Which of these kinds the input lists in full.
     pub listed: Listed,
-}
-
-fn to_chrono(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Option<DateTime<Utc>> {
-    let ts = t.0;
-    DateTime::from_timestamp(
-        ts.as_second(),
-        u32::try_from(ts.subsec_nanosecond()).unwrap_or(0),
-    )
 }
 
 fn build_node(
@@ -204,55 +197,11 @@ fn build_node(
     (n, ctx)
 }
 
-fn models_of(spec: &corev1::PodSpec) -> Vec<String> {
-    let mut out = Vec::new();
-    if let Some(m) = spec
-        .node_selector
-        .as_ref()
-        .and_then(|s| s.get(GPU_PRODUCT_LABEL))
-    {
-        out.push(m.clone());
-    }
-    out
-}
-
-fn affinity_of(spec: &corev1::PodSpec) -> Vec<Vec<NodeSelectorRequirement>> {
-    let Some(sel) = spec
-        .affinity
-        .as_ref()
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|na| {
-            na.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        })
-    else {
-        return Vec::new();
-    };
-    sel.node_selector_terms
-        .iter()
-        .map(|t| {
-            let exprs = t
-                .match_expressions
-                .iter()
-                .flatten()
-                .map(|e| NodeSelectorRequirement {
-                    key: e.key.clone(),
-                    operator: e.operator.clone(),
-                    values: e.values.clone().unwrap_or_default(),
-                    field: false,
-                });
-            let fields = t
-                .match_fields
-                .iter()
-                .flatten()
-                .map(|e| NodeSelectorRequirement {
-                    key: e.key.clone(),
-                    operator: e.operator.clone(),
-                    values: e.values.clone().unwrap_or_default(),
-                    field: true,
-                });
-            exprs.chain(fields).collect()
-        })
+fn models_of(pod: &CompactPod) -> Vec<String> {
+    pod.node_selector
+        .get(GPU_PRODUCT_LABEL)
+        .into_iter()
+        .cloned()
         .collect()
 }
 
@@ -276,10 +225,6 @@ pub fn label_selector(
             .collect(),
     }
 }
-
-/// The spec of a pod without one.
-static EMPTY_SPEC: std::sync::LazyLock<corev1::PodSpec> =
-    std::sync::LazyLock::new(Default::default);
 
 /// The scheduler a pod names (`default-scheduler` when none); the common names are not
 /// copied per pod.
@@ -308,77 +253,43 @@ impl<'p> LabelSets<'p> {
         }
     }
 
-    fn of(
-        &mut self,
-        labels: Option<&'p BTreeMap<String, String>>,
-    ) -> Arc<BTreeMap<String, String>> {
-        match labels {
-            Some(l) if !l.is_empty() => self
-                .sets
-                .entry(l)
-                .or_insert_with(|| Arc::new(l.clone()))
-                .clone(),
-            _ => self.empty.clone(),
+    fn of(&mut self, labels: &'p BTreeMap<String, String>) -> Arc<BTreeMap<String, String>> {
+        if labels.is_empty() {
+            return self.empty.clone();
         }
+        self.sets
+            .entry(labels)
+            .or_insert_with(|| Arc::new(labels.clone()))
+            .clone()
     }
 }
 
 fn base_pod<'p>(
-    p: &'p corev1::Pod,
+    p: &'p CompactPod,
     node_index: &HashMap<&str, usize>,
     label_sets: &mut LabelSets<'p>,
 ) -> (Pod, Requests<'p>) {
-    let meta = &p.metadata;
-    let spec = p.spec.as_ref().unwrap_or(&EMPTY_SPEC);
-    let req = Requests::of(spec);
-    let empty = BTreeMap::new();
-    let annotations = meta.annotations.as_ref().unwrap_or(&empty);
-    let phase = match p.status.as_ref().and_then(|s| s.phase.as_deref()) {
-        Some("Pending") => Phase::Pending,
-        Some("Running") => Phase::Running,
-        Some("Succeeded") => Phase::Succeeded,
-        Some("Failed") => Phase::Failed,
-        _ => Phase::Unknown,
-    };
-    let node_name = spec.node_name.clone().filter(|n| !n.is_empty());
+    let req = Requests::of(p);
+    let node_name = p.node_name.clone().filter(|n| !n.is_empty());
     let node = node_name
         .as_deref()
         .and_then(|n| node_index.get(n).copied());
-    let owner = meta
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.controller == Some(true))
-        .map(|o| Owner {
-            group: workload::api_group(&o.api_version),
-            kind: o.kind.clone(),
-            name: o.name.clone(),
-        });
-    let volumes = || spec.volumes.iter().flatten();
-    // A memory-backed emptyDir (`/dev/shm`, hugepages) holds nothing that outlives the
-    // container: not local storage.
-    let local_storage = volumes().any(|v| {
-        v.host_path.is_some()
-            || v.empty_dir.as_ref().is_some_and(|e| {
-                e.medium
-                    .as_deref()
-                    .is_none_or(|m| m != "Memory" && !m.starts_with("HugePages"))
-            })
+    let owner = p.controller.as_ref().map(|o| Owner {
+        group: workload::api_group(&o.api_version),
+        kind: o.kind.clone(),
+        name: o.name.clone(),
     });
-    let status = p.status.as_ref();
-    let ready = status
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
     let pod = Pod {
-        namespace: meta.namespace.clone().unwrap_or_default(),
-        name: meta.name.clone().unwrap_or_default(),
-        uid: meta.uid.clone().unwrap_or_default(),
+        namespace: p.namespace.clone(),
+        name: p.name.clone(),
+        uid: p.uid.clone(),
         node,
         node_name,
-        phase,
-        labels: label_sets.of(meta.labels.as_ref()),
+        phase: p.phase,
+        labels: label_sets.of(&p.labels),
         // A pod has few annotations: each is looked up in the short list.
-        annotations: annotations
+        annotations: p
+            .annotations
             .iter()
             .filter(|(k, _)| KEPT_ANNOTATIONS.contains(&k.as_str()))
             .map(|(k, v)| (k.clone(), v.clone()))
@@ -388,37 +299,25 @@ fn base_pod<'p>(
         scheme: None,
         cpu: req.cpu,
         mem: req.mem,
-        priority: spec.priority.unwrap_or(0),
-        priority_class: spec.priority_class_name.clone(),
+        priority: p.priority.unwrap_or(0),
+        priority_class: p.priority_class_name.clone(),
         owner,
         workload: None,
         gang: None,
-        started: status
-            .and_then(|s| s.start_time.as_ref())
-            .and_then(to_chrono),
-        ready,
-        deleting: meta.deletion_timestamp.is_some(),
-        mirror: annotations.contains_key("kubernetes.io/config.mirror"),
-        scheduler: scheduler_of(spec.scheduler_name.as_deref()),
-        local_storage,
-        pvc: volumes().any(|v| v.persistent_volume_claim.is_some()),
-        ephemeral_volume: volumes().any(|v| v.ephemeral.is_some()),
-        resource_claims: spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty()),
+        started: p.started,
+        ready: p.ready,
+        deleting: p.deleting,
+        mirror: p.annotations.contains_key("kubernetes.io/config.mirror"),
+        scheduler: scheduler_of(p.scheduler_name.as_deref()),
+        local_storage: p.local_storage,
+        pvc: p.pvc,
+        ephemeral_volume: p.ephemeral_volume,
+        resource_claims: !p.claims.spec.is_empty(),
         claim_source: ClaimSource::None,
-        node_selector: spec.node_selector.clone().unwrap_or_default(),
-        affinity: affinity_of(spec),
-        tolerations: spec
-            .tolerations
-            .iter()
-            .flatten()
-            .map(|t| Toleration {
-                key: t.key.clone().unwrap_or_default(),
-                operator: t.operator.clone().unwrap_or_else(|| "Equal".into()),
-                value: t.value.clone().unwrap_or_default(),
-                effect: t.effect.clone().unwrap_or_default(),
-            })
-            .collect(),
-        models: models_of(spec),
+        node_selector: p.node_selector.clone(),
+        affinity: p.affinity.clone(),
+        tolerations: p.tolerations.clone(),
+        models: models_of(p),
     };
     (pod, req)
 }
@@ -433,10 +332,11 @@ fn resolve(pod: &PodInput<'_>, node: Option<(&Node, &NodeCtx)>) -> Resolved {
 
 /// Builds the normalised cluster. `now` is the instant ages are measured from.
 pub fn build_cluster(objs: &Objects, now: Option<DateTime<Utc>>) -> Cluster {
+    let pods: Vec<CompactPod> = objs.pods.iter().map(CompactPod::of).collect();
     build_cluster_from(
         ObjectRefs {
             nodes: objs.nodes.iter().collect(),
-            pods: objs.pods.iter().collect(),
+            pods: pods.iter().collect(),
             pdbs: objs.pdbs.iter().collect(),
             devices: &objs.devices,
             controllers: objs
@@ -461,8 +361,8 @@ pub fn build_cluster(objs: &Objects, now: Option<DateTime<Utc>>) -> Cluster {
 pub struct ObjectRefs<'a> {
     /// Nodes.
     pub nodes: Vec<&'a corev1::Node>,
-    /// Pods.
-    pub pods: Vec<&'a corev1::Pod>,
+    /// Pods, as the model reads them.
+    pub pods: Vec<&'a CompactPod>,
     /// PodDisruptionBudgets.
     pub pdbs: Vec<&'a PodDisruptionBudget>,
     /// Koordinator `Device` objects (raw JSON).
@@ -491,16 +391,13 @@ pub fn build_cluster_from(mut objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) 
     // The model's pods are in (namespace, name) order: the references are put in that
     // order (a stable sort, as sorting the built pods was), not the built pods, which are
     // large to move (a watch cache gives its objects in hash order).
-    fn meta_key(p: &corev1::Pod) -> (&str, &str) {
-        (
-            p.metadata.namespace.as_deref().unwrap_or_default(),
-            p.metadata.name.as_deref().unwrap_or_default(),
-        )
+    fn meta_key(p: &CompactPod) -> (&str, &str) {
+        (&p.namespace, &p.name)
     }
     if !objs.pods.is_sorted_by(|a, b| meta_key(a) <= meta_key(b)) {
         // The keys read once, next to their references: comparing them then touches no
         // pod object.
-        let mut keyed: Vec<((&str, &str), &corev1::Pod)> =
+        let mut keyed: Vec<((&str, &str), &CompactPod)> =
             objs.pods.iter().map(|&p| (meta_key(p), p)).collect();
         keyed.sort_by(|a, b| a.0.cmp(&b.0));
         objs.pods.clear();
@@ -558,22 +455,18 @@ pub fn build_cluster_from(mut objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) 
     let mut label_sets = LabelSets::with_capacity(objs.pods.len());
     for &p in &objs.pods {
         let (mut pod, req) = base_pod(p, &node_index, &mut label_sets);
-        let empty = BTreeMap::new();
-        let annotations = p.metadata.annotations.as_ref().unwrap_or(&empty);
+        let annotations = &p.annotations;
         pod.workload = index.workload(&pod.namespace, pod.owner.as_ref(), &pod.labels);
         pod.gang = index.gang(&pod.namespace, &pod.labels, annotations);
         let node = pod.node.map(|i| (&nodes[i], &ctxs[i]));
         let active = pod.is_active_bound() && pod.node.is_some();
-        let claims = if inv.present() {
-            PodClaims::of(p)
-        } else {
-            PodClaims::default()
-        };
+        let no_claims = PodClaims::default();
+        let claims = if inv.present() { &p.claims } else { &no_claims };
         let dra_ext = inv.present()
             && inv
                 .extended()
                 .any(|(name, _)| req.total(name).is_ok_and(|n| n > 0));
-        pod.claim_source = inv.claim_source(&pod.namespace, &claims, dra_ext);
+        pod.claim_source = inv.claim_source(&pod.namespace, claims, dra_ext);
         if claims.any() || dra_ext {
             dra_pods += 1;
         }
@@ -600,7 +493,7 @@ pub fn build_cluster_from(mut objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) 
                 annotations,
                 dra: inv.present().then_some(DraPodInput {
                     inv: &inv,
-                    claims: &claims,
+                    claims,
                     node_is_dra: node.is_some_and(|(n, _)| n.scheme == Scheme::Dra),
                 }),
             };

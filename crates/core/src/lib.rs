@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 mod adapters;
+pub mod compact;
 pub mod dra;
 pub mod fence;
 pub mod formats;

@@ -7,8 +7,8 @@
 //!     --nodes 10000 --gpus-per-node 8 --pods 200000
 //! ```
 //!
-//! - **Objects**: generated in this process (seeded), then trimmed by the caches' own
-//!   `trim_node`/`trim_pod` and put into kube-runtime reflector stores
+//! - **Objects**: generated in this process (seeded), then trimmed or projected as the
+//!   caches do (`trim_node`, `CachedPod::of`) and put into kube-runtime reflector stores
 //!   (`reflector::store()`), as the operator's watches do: Nodes (a share of them with HAMi
 //!   device records, the rest whole `nvidia.com/gpu`), Pods of 4-replica Deployments
 //!   (owner references to ReplicaSets; HAMi pods carry their device record), Running and
@@ -37,7 +37,7 @@ use gpu_defrag_core::workload::{ControllerKind, Listed};
 use gpu_defrag_operator::context::Observed;
 use gpu_defrag_operator::controller::decide::{self, Situation};
 use gpu_defrag_operator::metrics::{Metrics, ReportNumbers};
-use gpu_defrag_operator::objects::{trim_node, trim_pod, ts};
+use gpu_defrag_operator::objects::{CachedPod, trim_node, ts};
 use gpu_defrag_operator::status;
 use k8s_openapi::api::core::v1::{
     Container, Node, NodeCondition, NodeSpec, NodeStatus, Pod, PodCondition, PodSpec, PodStatus,
@@ -232,11 +232,14 @@ fn pod_obj(
 /// The caches: reflector stores as the watches fill them, plus the owner metadata.
 struct Caches {
     nodes: Store<Node>,
-    pods: Store<Pod>,
+    pods: Store<CachedPod>,
     pdbs: Store<PodDisruptionBudget>,
     replica_sets: Vec<ObjectMeta>,
     namespaces: Vec<ObjectMeta>,
     pending: usize,
+    /// Wall time spent projecting the pods for the cache (a watch event's cost, once
+    /// per pod change; not part of a reconcile).
+    projection: std::time::Duration,
 }
 
 fn generate(a: &Args) -> Caches {
@@ -260,8 +263,9 @@ fn generate(a: &Args) -> Caches {
     let mut free: Vec<[u16; 8]> = vec![[1000; 8]; a.nodes];
     let mut cpu_free: Vec<u32> = vec![128_000; a.nodes];
     let mut slots: Vec<u8> = vec![110; a.nodes];
-    let (pods, mut pods_w) = reflector::store::<Pod>();
+    let (pods, mut pods_w) = reflector::store::<CachedPod>();
     let mut pending = 0;
+    let mut projection = std::time::Duration::ZERO;
     let probe = |rng: &mut StdRng, fits: &dyn Fn(usize) -> bool| {
         (0..64)
             .map(|_| rng.random_range(0..a.nodes))
@@ -323,8 +327,10 @@ fn generate(a: &Args) -> Caches {
         } else {
             pending += 1;
         }
-        let mut p = pod_obj(k, node, req, ann, &started);
-        trim_pod(&mut p);
+        let p = pod_obj(k, node, req, ann, &started);
+        let t = Instant::now();
+        let p = CachedPod::of(&p);
+        projection += t.elapsed();
         pods_w.apply_watcher_event(&watcher::Event::Apply(p));
     }
     let workloads = a.pods.div_ceil(REPLICAS);
@@ -389,6 +395,7 @@ fn generate(a: &Args) -> Caches {
         replica_sets,
         namespaces,
         pending,
+        projection,
     }
 }
 
@@ -465,7 +472,7 @@ fn reconcile_once(caches: &Caches, dp: &DefragPolicy, metrics: &Metrics) -> Outc
     let cluster = ingest::build_cluster_from(
         ingest::ObjectRefs {
             nodes: nodes.iter().map(|n| n.as_ref()).collect(),
-            pods: pods.iter().map(|p| p.as_ref()).collect(),
+            pods: pods.iter().map(|p| &p.0).collect(),
             pdbs: pdbs.iter().map(|p| p.as_ref()).collect(),
             devices: &[],
             controllers: caches
@@ -614,6 +621,7 @@ fn main() -> anyhow::Result<()> {
         "fragmentRate": last.fragment_rate,
         "statusBytes": last.status_bytes,
         "generateSeconds": gen_s,
+        "projectionSeconds": caches.projection.as_secs_f64(),
         "rssAfterGenerateMiB": rss_after_gen.map(|k| k as f64 / 1024.0),
         "peakRssMiB": proc_kib("VmHWM:").map(|k| k as f64 / 1024.0),
     });

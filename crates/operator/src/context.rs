@@ -14,7 +14,7 @@ use gpu_defrag_core::ingest;
 use gpu_defrag_core::model::{Activity, Cluster};
 use gpu_defrag_core::plan::{self, History, Plan};
 use gpu_defrag_core::policy::Policy;
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -29,6 +29,7 @@ use crate::idle::{IdleSource, IdleState, Measured};
 use crate::koord::Devices;
 use crate::lease::LeaderState;
 use crate::metrics::Metrics;
+use crate::objects::CachedPod;
 use crate::owners::Owners;
 use crate::status;
 
@@ -227,8 +228,8 @@ pub struct Ctx {
     pub client: Client,
     /// Nodes (reflector).
     pub nodes: Store<Node>,
-    /// Pods (reflector, trimmed to what the model needs).
-    pub pods: Store<Pod>,
+    /// Pods (reflector of their projections to what the model and the executor read).
+    pub pods: Store<CachedPod>,
     /// PDBs (reflector).
     pub pdbs: Store<PodDisruptionBudget>,
     /// Policies (the controller's own store).
@@ -310,8 +311,8 @@ impl Ctx {
                 nodes: nodes.iter().map(|n| n.as_ref()).collect(),
                 pods: pods
                     .iter()
-                    .filter(|p| p.metadata.uid.as_ref().is_none_or(|u| !skip.contains(u)))
-                    .map(|p| p.as_ref())
+                    .filter(|p| !skip.contains(&p.uid))
+                    .map(|p| &p.0)
                     .collect(),
                 pdbs: pdbs.iter().map(|p| p.as_ref()).collect(),
                 devices: &devices,

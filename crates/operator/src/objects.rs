@@ -1,91 +1,71 @@
 //! Small helpers over Kubernetes objects and timestamps: no client, no shared state.
+use std::borrow::Cow;
+
 use chrono::{DateTime, SecondsFormat, Utc};
 use gpu_defrag_api::{DRAINING_TAINT_DOMAIN, LEGACY_DRAINING_TAINT};
+use gpu_defrag_core::compact::CompactPod;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::runtime::reflector::Lookup;
+use kube::runtime::watcher;
 use serde_json::json;
 
-/// Strips what the operator never reads from a Pod, so the watch cache of a large cluster
-/// stays small. Kept: metadata (less managed fields and the last applied configuration),
-/// the containers' names and resources (a limit only where it differs from the request of
-/// the same name: `Requests::of` reads the request and the limit alike), the spec fields
-/// the model reads (node, scheduler, priority, node selector, required node affinity,
-/// tolerations, the volumes that pin a pod — hostPath, emptyDir, PersistentVolumeClaim,
-/// generic ephemeral — and DRA claims), phase, start time, the Ready condition and the DRA
-/// claim statuses.
-pub fn trim_pod(p: &mut Pod) {
-    p.metadata.managed_fields = None;
-    if let Some(a) = p.metadata.annotations.as_mut() {
-        a.remove("kubectl.kubernetes.io/last-applied-configuration");
+/// A pod as the watch cache holds it: its projection to what the model and the executor
+/// read ([`CompactPod`]), a few hundred bytes where the whole object takes several
+/// kilobytes (a reflector store needs a type of this crate to know it as a Pod).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CachedPod(pub CompactPod);
+
+impl CachedPod {
+    /// The projection of a pod.
+    pub fn of(p: &Pod) -> Self {
+        CachedPod(CompactPod::of(p))
     }
-    if let Some(spec) = p.spec.as_mut() {
-        for c in spec
-            .containers
-            .iter_mut()
-            .chain(spec.init_containers.iter_mut().flatten())
-        {
-            c.env = None;
-            c.env_from = None;
-            c.command = None;
-            c.args = None;
-            c.liveness_probe = None;
-            c.readiness_probe = None;
-            c.startup_probe = None;
-            c.volume_mounts = None;
-            c.volume_devices = None;
-            c.ports = None;
-            c.lifecycle = None;
-            c.image = None;
-            c.image_pull_policy = None;
-            c.termination_message_path = None;
-            c.termination_message_policy = None;
-            c.working_dir = None;
-            c.security_context = None;
-            c.resize_policy = None;
-            if let Some(res) = c.resources.as_mut()
-                && let (Some(req), Some(lim)) = (res.requests.as_ref(), res.limits.as_mut())
-            {
-                lim.retain(|k, v| req.get(k) != Some(v));
-                if lim.is_empty() {
-                    res.limits = None;
-                }
-            }
-        }
-        spec.ephemeral_containers = None;
-        if let Some(vs) = spec.volumes.as_mut() {
-            vs.retain(|v| {
-                v.host_path.is_some()
-                    || v.empty_dir.is_some()
-                    || v.persistent_volume_claim.is_some()
-                    || v.ephemeral.is_some()
-            });
-            if vs.is_empty() {
-                spec.volumes = None;
-            }
-        }
-        if let Some(a) = spec.affinity.as_mut() {
-            a.pod_affinity = None;
-            a.pod_anti_affinity = None;
-            if let Some(na) = a.node_affinity.as_mut() {
-                na.preferred_during_scheduling_ignored_during_execution = None;
-            }
-        }
-        spec.security_context = None;
-        spec.topology_spread_constraints = None;
-        spec.dns_config = None;
-        spec.host_aliases = None;
-        spec.image_pull_secrets = None;
-        spec.readiness_gates = None;
+}
+
+impl std::ops::Deref for CachedPod {
+    type Target = CompactPod;
+    fn deref(&self) -> &CompactPod {
+        &self.0
     }
-    if let Some(st) = p.status.as_mut() {
-        st.container_statuses = None;
-        st.init_container_statuses = None;
-        st.ephemeral_container_statuses = None;
-        if let Some(cs) = st.conditions.as_mut() {
-            cs.retain(|c| c.type_ == "Ready");
-        }
-        st.message = None;
-        st.pod_ips = None;
-        st.host_ips = None;
+}
+
+impl Lookup for CachedPod {
+    type DynamicType = ();
+    fn kind(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("Pod")
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("v1")
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("pods")
+    }
+    fn name(&self) -> Option<Cow<'_, str>> {
+        Some(Cow::Borrowed(self.0.name.as_str()))
+    }
+    fn namespace(&self) -> Option<Cow<'_, str>> {
+        Some(Cow::Borrowed(self.0.namespace.as_str()))
+    }
+    fn resource_version(&self) -> Option<Cow<'_, str>> {
+        self.0.resource_version.as_deref().map(Cow::Borrowed)
+    }
+    fn uid(&self) -> Option<Cow<'_, str>> {
+        (!self.0.uid.is_empty()).then_some(Cow::Borrowed(self.0.uid.as_str()))
+    }
+}
+
+/// A pod watch event with the pod projected ([`CachedPod`]), for the cache.
+pub fn cached_pod_event(e: watcher::Event<Pod>) -> watcher::Event<CachedPod> {
+    use watcher::Event;
+    match e {
+        Event::Apply(p) => Event::Apply(CachedPod::of(&p)),
+        Event::Delete(p) => Event::Delete(CachedPod::of(&p)),
+        Event::Init => Event::Init,
+        Event::InitApply(p) => Event::InitApply(CachedPod::of(&p)),
+        Event::InitDone => Event::InitDone,
     }
 }
 
@@ -96,29 +76,6 @@ pub fn trim_node(n: &mut Node) {
     if let Some(st) = n.status.as_mut() {
         st.images = None;
     }
-}
-
-/// Whether a pod is Ready (condition).
-pub fn pod_ready(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-/// The node a pod is bound to.
-pub fn pod_node(p: &Pod) -> Option<&str> {
-    p.spec.as_ref().and_then(|s| s.node_name.as_deref())
-}
-
-/// `(kind, name)` of a pod's controller.
-pub fn controller_of(p: &Pod) -> Option<(String, String)> {
-    p.metadata
-        .owner_references
-        .as_ref()?
-        .iter()
-        .find(|o| o.controller == Some(true))
-        .map(|o| (o.kind.clone(), o.name.clone()))
 }
 
 /// Parses an RFC 3339 time from status.
@@ -191,82 +148,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_trimmed_pod_makes_the_same_model() {
-        use gpu_defrag_core::ingest::{Objects, build_cluster};
-        let node: Node = serde_json::from_value(json!({
-            "metadata": {"name": "n1", "labels": {"nvidia.com/gpu.product": "H100"}},
-            "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110",
-                "nvidia.com/gpu": "8"},
-                "conditions": [{"type": "Ready", "status": "True"}]}
+    fn the_cache_knows_a_projected_pod_as_the_pod() {
+        use kube::runtime::reflector;
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ml", "uid": "u", "resourceVersion": "3"}
         }))
         .unwrap();
-        let pod = |name: &str, vol: serde_json::Value| -> Pod {
-            serde_json::from_value(json!({
-                "metadata": {"name": name, "namespace": "ml", "uid": name,
-                    "labels": {"app": "a", "pod-template-hash": "h"},
-                    "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}",
-                        "controller.kubernetes.io/pod-deletion-cost": "5"},
-                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                        "name": "a-h", "uid": "rs", "controller": true}]},
-                "spec": {"nodeName": "n1", "schedulerName": "gpu-binpack", "priority": 7,
-                    "containers": [{"name": "c", "image": "img", "imagePullPolicy": "Always",
-                        "terminationMessagePath": "/dev/termination-log",
-                        "securityContext": {"privileged": false},
-                        "resources": {
-                            "requests": {"cpu": "2", "memory": "1Gi", "nvidia.com/gpu": "2"},
-                            "limits": {"cpu": "4", "memory": "1Gi", "nvidia.com/gpu": "2",
-                                "example.com/other": "1"}}}],
-                    "initContainers": [{"name": "i", "image": "init",
-                        "resources": {"limits": {"cpu": "8"}}}],
-                    "volumes": [{"name": "token", "projected": {"sources": []}},
-                        {"name": "cfg", "configMap": {"name": "x"}}, vol],
-                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
-                        {"nodeSelectorTerms": [{"matchExpressions": [
-                            {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H100"]}]}]}},
-                        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-                            {"topologyKey": "kubernetes.io/hostname"}]}},
-                    "tolerations": [{"key": "gpu", "operator": "Exists"}]},
-                "status": {"phase": "Running", "startTime": "2026-01-01T00:00:00Z",
-                    "conditions": [{"type": "PodScheduled", "status": "True"},
-                        {"type": "Ready", "status": "True"}],
-                    "podIPs": [{"ip": "10.0.0.1"}]}
-            }))
-            .unwrap()
-        };
-        let pods = vec![
-            pod("p1", json!({"name": "scratch", "emptyDir": {}})),
-            pod(
-                "p2",
-                json!({"name": "shm", "emptyDir": {"medium": "Memory"}}),
-            ),
-            pod(
-                "p3",
-                json!({"name": "data", "persistentVolumeClaim": {"claimName": "d"}}),
-            ),
-            pod("p4", json!({"name": "host", "hostPath": {"path": "/x"}})),
-        ];
-        let model = |pods: Vec<Pod>| {
-            build_cluster(
-                &Objects {
-                    nodes: vec![node.clone()],
-                    pods,
-                    ..Default::default()
-                },
-                None,
-            )
-        };
-        let mut trimmed = pods.clone();
-        trimmed.iter_mut().for_each(trim_pod);
-        let c = trimmed[0].spec.as_ref().unwrap();
-        assert_eq!(c.volumes.as_ref().unwrap().len(), 1, "only the volume read");
-        let lim = c.containers[0].resources.as_ref().unwrap().limits.as_ref();
-        assert_eq!(
-            lim.unwrap().keys().collect::<Vec<_>>(),
-            ["cpu", "example.com/other"],
-            "limits equal to their request go"
-        );
-        assert!(pod_ready(&trimmed[0]));
-        assert_eq!(model(trimmed), model(pods));
+        let (store, mut w) = reflector::store::<CachedPod>();
+        w.apply_watcher_event(&cached_pod_event(watcher::Event::Apply(pod.clone())));
+        let key = reflector::ObjectRef::<CachedPod>::new("p").within("ml");
+        assert_eq!(store.get(&key).map(|p| p.uid.clone()).as_deref(), Some("u"));
+        w.apply_watcher_event(&cached_pod_event(watcher::Event::Delete(pod)));
+        assert!(store.state().is_empty(), "deleted by name and namespace");
     }
 
     #[test]
@@ -284,8 +177,11 @@ mod tests {
             {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "2", "controller": true}
         ]}}))
         .unwrap();
-        assert_eq!(controller_of(&p), Some(("ReplicaSet".into(), "rs".into())));
-        assert_eq!(controller_of(&Pod::default()), None);
+        assert_eq!(
+            CachedPod::of(&p).controller_of(),
+            Some(("ReplicaSet".into(), "rs".into()))
+        );
+        assert_eq!(CachedPod::of(&Pod::default()).controller_of(), None);
     }
 
     #[test]

@@ -3,12 +3,11 @@
 //! format and [`resolve_vgpu`].
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1 as corev1;
-
 use super::{
     Adapter, NVIDIA_GPU, NodeCtx, NodeInput, PodInput, Resolved, count, device_list, devices,
     trunc, unknown,
 };
+use crate::compact::CompactPod;
 use crate::formats::{self, FormatError, HamiNodeDevice};
 use crate::model::*;
 
@@ -20,11 +19,9 @@ pub const HAMI_POD_ALLOCATED: &str = "hami.io/vgpu-devices-allocated";
 /// The GPUs (UUIDs) a pod's HAMi record `hami.io/vgpu-devices-allocated` names, in record
 /// order, container after container (a GPU two containers share is listed twice). Empty
 /// when the pod has no record or the record does not parse.
-pub fn hami_pod_gpus(pod: &corev1::Pod) -> Vec<String> {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(HAMI_POD_ALLOCATED))
+pub fn hami_pod_gpus(pod: &CompactPod) -> Vec<String> {
+    pod.annotations
+        .get(HAMI_POD_ALLOCATED)
         .and_then(|v| formats::parse_hami_pod_devices(v).ok())
         .map(|c| c.into_iter().flatten().map(|d| d.uuid).collect())
         .unwrap_or_default()
@@ -188,15 +185,13 @@ mod tests {
 
     #[test]
     fn hami_pod_gpus_lists_the_record_s_gpus() {
-        let mut pod = corev1::Pod::default();
+        let mut pod = CompactPod::default();
         assert!(hami_pod_gpus(&pod).is_empty(), "no annotations");
         let with = |v: &str| {
-            let mut p = corev1::Pod::default();
-            p.metadata.annotations = Some(BTreeMap::from([(
-                HAMI_POD_ALLOCATED.to_string(),
-                v.to_string(),
-            )]));
-            hami_pod_gpus(&p)
+            hami_pod_gpus(&CompactPod {
+                annotations: BTreeMap::from([(HAMI_POD_ALLOCATED.to_string(), v.to_string())]),
+                ..Default::default()
+            })
         };
         assert_eq!(
             with("GPU-a,NVIDIA,1024,0:GPU-b,NVIDIA,1024,0:;;GPU-a,NVIDIA,2048,30:;"),
@@ -204,10 +199,10 @@ mod tests {
         );
         assert!(with("not a record").is_empty());
         assert!(with("").is_empty());
-        pod.metadata.annotations = Some(BTreeMap::from([(
+        pod.annotations = BTreeMap::from([(
             "volcano.sh/vgpu-ids-new".to_string(),
             "GPU-a,NVIDIA,1024,0:;".to_string(),
-        )]));
+        )]);
         assert!(
             hami_pod_gpus(&pod).is_empty(),
             "only the HAMi record counts"

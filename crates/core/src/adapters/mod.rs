@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::api::core::v1 as corev1;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
+use crate::compact::{CompactPod, ContainerResources};
 use crate::formats::{self, FormatError};
 use crate::model::*;
 
@@ -259,24 +260,22 @@ pub(crate) struct Requests<'a> {
 }
 
 impl<'a> Requests<'a> {
-    /// Reads a pod spec's requests (limits where a container has no requests).
-    pub fn of(spec: &'a corev1::PodSpec) -> Requests<'a> {
+    /// Reads a pod's requests (limits where a container has no requests).
+    pub fn of(pod: &'a CompactPod) -> Requests<'a> {
         let mut r = Requests::default();
         let mut cpu = 0u64;
         let mut mem = 0u64;
-        for c in &spec.containers {
+        for c in &pod.containers {
             let (c_cpu, c_mem) = r.read(c, "container");
             cpu = cpu.saturating_add(c_cpu);
             mem = mem.saturating_add(c_mem);
             // Extended resources must have requests == limits; take limits, then requests:
             // a limit replaces the request of the same name. Both maps are in name order:
             // one merge keeps that order.
-            let m = c.resources.as_ref().map_or_else(Vec::new, |res| {
-                merge_limits(res.requests.as_ref(), res.limits.as_ref())
-            });
+            let m = merge_limits(c.requests.as_ref(), c.limits.as_ref());
             r.per_container.push(ContainerRequests(m));
         }
-        for c in spec.init_containers.iter().flatten() {
+        for c in &pod.init_containers {
             let (c_cpu, c_mem) = r.read(c, "init container");
             cpu = cpu.max(c_cpu);
             mem = mem.max(c_mem);
@@ -290,10 +289,7 @@ impl<'a> Requests<'a> {
     /// requests; 0 where unreadable), each quantity read once. Records the first request
     /// or limit of `c` that is not a quantity (`cpu` must read as milli-CPU, `memory` as
     /// bytes), unless one was recorded already.
-    fn read(&mut self, c: &corev1::Container, what: &str) -> (u64, u64) {
-        let Some(res) = &c.resources else {
-            return (0, 0);
-        };
+    fn read(&mut self, res: &ContainerResources, what: &str) -> (u64, u64) {
         let (mut cpu, mut mem) = (0, 0);
         for (section, list) in [("requests", &res.requests), ("limits", &res.limits)] {
             // The requests, or the limits of a container without requests.
@@ -328,7 +324,7 @@ impl<'a> Requests<'a> {
                 if checked && let Err(e) = read {
                     self.bad = Some(format!(
                         "{what} {}: {section}.{}: {e}",
-                        trunc(&c.name),
+                        trunc(&res.name),
                         trunc(k)
                     ));
                 }
@@ -646,14 +642,22 @@ mod tests {
             ]),
             ..Default::default()
         };
-        let r = Requests::of(&spec);
+        let pod = |spec| {
+            CompactPod::of(&corev1::Pod {
+                spec: Some(spec),
+                ..Default::default()
+            })
+        };
+        let p = pod(spec);
+        let r = Requests::of(&p);
         assert_eq!((r.cpu, r.mem), (3000, 2048));
         assert!(r.unreadable().is_none());
         let spec = corev1::PodSpec {
             containers: vec![res(&[("cpu", "x"), ("memory", "1Ki")], &[("memory", "y")])],
             ..Default::default()
         };
-        let r = Requests::of(&spec);
+        let p = pod(spec);
+        let r = Requests::of(&p);
         assert_eq!((r.cpu, r.mem), (0, 1024), "an unreadable cpu counts 0");
         let bad = r.unreadable().unwrap_or_default();
         assert!(

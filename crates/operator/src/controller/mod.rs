@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use gpu_defrag_api::v1alpha1::DefragPolicy;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -31,7 +31,7 @@ use crate::idle::IdleSource;
 use crate::koord::Devices;
 use crate::lease::LeaderState;
 use crate::metrics::Metrics;
-use crate::objects::{trim_node, trim_pod};
+use crate::objects::{CachedPod, cached_pod_event, trim_node};
 use crate::owners::Owners;
 pub use reconcile::reconcile;
 
@@ -138,7 +138,7 @@ pub async fn run(
         );
     }
     let (nodes, nodes_w) = reflector::store::<Node>();
-    let (pods, pods_w) = reflector::store::<Pod>();
+    let (pods, pods_w) = reflector::store::<CachedPod>();
     let (pdbs, pdbs_w) = reflector::store::<PodDisruptionBudget>();
     let (tx, rx) = tokio::sync::mpsc::channel::<()>(1);
     let cfg = watcher::Config::default().any_semantic();
@@ -147,11 +147,14 @@ pub async fn run(
         .default_backoff()
         .reflect(nodes_w)
         .touched_objects();
-    let pod_stream = watcher(Api::<Pod>::all(client.clone()), cfg.clone())
-        .modify(trim_pod)
-        .default_backoff()
-        .reflect(pods_w)
-        .touched_objects();
+    // The cache holds each pod's projection (`CachedPod`), not the object.
+    let pod_stream = reflector::reflector(
+        pods_w,
+        watcher(Api::<Pod>::all(client.clone()), cfg.clone())
+            .map_ok(cached_pod_event)
+            .default_backoff(),
+    )
+    .touched_objects();
     let pdb_stream = watcher(Api::<PodDisruptionBudget>::all(client.clone()), cfg.clone())
         .default_backoff()
         .reflect(pdbs_w)

@@ -2,6 +2,7 @@
 //! evictions. It returns what the API server answered as an [`EvictionResult`] and owns
 //! the eviction events and the `gpu_defrag_evictions_total` counts.
 use gpu_defrag_api::v1alpha1::{DefragPolicy, DryRunCheck};
+use gpu_defrag_core::compact::CompactPod;
 use gpu_defrag_core::plan::{Move, Plan};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::Api;
@@ -54,9 +55,10 @@ impl Evictor {
     /// answer is counted and announced at once ([`Evictor::report`]); an unanswered one
     /// (no answer, a timeout, a 5xx: it may have happened) is left to the caller to
     /// confirm and report.
-    pub async fn evict(&self, m: &Move, pod: &Pod, uid: &str) -> EvictionResult {
-        let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
-        let answer = self.post_eviction(&ns, &name, Some(uid), false).await;
+    pub async fn evict(&self, m: &Move, pod: &CompactPod, uid: &str) -> EvictionResult {
+        let answer = self
+            .post_eviction(&pod.namespace, &pod.name, Some(uid), false)
+            .await;
         let result = classify(answer);
         if !matches!(result, EvictionResult::Unanswered(_)) {
             self.report(m, pod, &result).await;
@@ -69,15 +71,15 @@ impl Evictor {
     /// (`Evicted`) or still there (`Refused`), at most until `deadline` (`Unanswered`).
     pub async fn confirm(
         &self,
-        pod: &Pod,
+        pod: &CompactPod,
         uid: &str,
         deadline: tokio::time::Instant,
     ) -> EvictionResult {
-        let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
-        let api = Api::<Pod>::namespaced(self.client.clone(), &ns);
+        let name = &pod.name;
+        let api = Api::<Pod>::namespaced(self.client.clone(), &pod.namespace);
         let mut wait = std::time::Duration::from_secs(1);
         loop {
-            let last = match api.get(&name).await {
+            let last = match api.get(name).await {
                 Err(kube::Error::Api(s)) if s.code == 404 => return EvictionResult::Evicted,
                 Ok(p) if p.metadata.uid.as_deref() != Some(uid) => return EvictionResult::Evicted,
                 Ok(p) if p.metadata.deletion_timestamp.is_some() => return EvictionResult::Evicted,
@@ -98,7 +100,7 @@ impl Evictor {
 
     /// Counts an eviction's result and publishes its event on the policy (`Evicted`,
     /// `EvictionBlocked`, `EvictionFailed`; none for a pod already gone).
-    pub async fn report(&self, m: &Move, pod: &Pod, result: &EvictionResult) {
+    pub async fn report(&self, m: &Move, pod: &CompactPod, result: &EvictionResult) {
         if let Some(label) = result.metric() {
             self.metrics.eviction(&self.policy, label);
         }
@@ -129,20 +131,20 @@ impl Evictor {
                 type_,
                 reason,
                 note,
-                Some(pod.object_ref(&())),
+                Some(pod.object_reference()),
             )
             .await;
     }
 
     /// Announces a planned eviction that is not sent (`EvictionSkipped`), and why.
-    pub async fn skipped(&self, m: &Move, pod: Option<&Pod>, why: String) {
+    pub async fn skipped(&self, m: &Move, pod: Option<&CompactPod>, why: String) {
         self.events
             .publish(
                 &self.policy_ref,
                 EventType::Warning,
                 EventReason::EvictionSkipped,
                 format!("{}: not evicted: {why}", m.pod),
-                pod.map(|p| p.object_ref(&())),
+                pod.map(|p| p.object_reference()),
             )
             .await;
     }
@@ -305,7 +307,7 @@ mod tests {
         Evictor::new(client, metrics.clone(), events, &policy)
     }
 
-    fn planned(name: &str) -> (Move, Pod) {
+    fn planned(name: &str) -> (Move, CompactPod) {
         let m = Move {
             pod: format!("ml/{name}"),
             pod_index: 0,
@@ -316,10 +318,12 @@ mod tests {
             batch: 0,
             reason: "drain n1".into(),
         };
-        let pod = serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}")}
-        }))
-        .unwrap();
+        let pod = CompactPod::of(
+            &serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}")}
+            }))
+            .unwrap(),
+        );
         (m, pod)
     }
 

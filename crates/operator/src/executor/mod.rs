@@ -27,7 +27,8 @@ use gpu_defrag_core::frag;
 use gpu_defrag_core::plan::{Move, Skip};
 use gpu_defrag_core::policy::Policy;
 use gpu_defrag_core::recheck::{Planned, Refusal, recheck};
-use k8s_openapi::api::core::v1::Pod;
+use gpu_defrag_core::compact::CompactPod;
+use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use serde_json::json;
@@ -36,7 +37,7 @@ use tracing::{info, warn};
 use crate::context::{
     Ctx, EXECUTOR_MANAGER, Error, EventReason, RunHandle, StopRequest, history_of, patch_status,
 };
-use crate::objects::{controller_of, ts};
+use crate::objects::{CachedPod, ts};
 use crate::status;
 use evictor::{EvictionResult, Evictor};
 use fences::Fences;
@@ -338,7 +339,7 @@ impl Run {
                 Ok(Some((pod, owner))) => self.evict(step, &pod, owner).await?,
                 Ok(None) => None,
                 Err((pod, why)) => {
-                    self.give_up(step, pod.as_deref(), why).await?;
+                    self.give_up(step, pod.as_deref().map(|p| &p.0), why).await?;
                     None
                 }
             };
@@ -419,7 +420,7 @@ impl Run {
     fn still_planned(
         &self,
         step: &Step,
-    ) -> Result<Option<(Arc<Pod>, Workload)>, (Option<Arc<Pod>>, String)> {
+    ) -> Result<Option<(Arc<CachedPod>, Workload)>, (Option<Arc<CachedPod>>, String)> {
         let m = &step.m;
         let Some((ns, pod_name)) = m.pod.split_once('/') else {
             return Ok(None);
@@ -427,9 +428,7 @@ impl Run {
         let Some(current) = self
             .ctx
             .pods
-            .state()
-            .into_iter()
-            .find(|p| p.namespace().as_deref() == Some(ns) && p.name_any() == pod_name)
+            .get(&ObjectRef::new(pod_name).within(ns))
         else {
             return Ok(None);
         };
@@ -450,7 +449,7 @@ impl Run {
             }
             Err(r) => return Err((Some(current), r.code().to_string())),
         }
-        let Some(owner) = controller_of(&current) else {
+        let Some(owner) = current.controller_of() else {
             return Err((Some(current), "no-controller".into()));
         };
         if self.waits.backed_off.contains(&owner) {
@@ -464,7 +463,12 @@ impl Run {
 
     /// Gives up the step's drain unit: this eviction and the rest of its unit are not
     /// sent (counted as skipped, announced).
-    async fn give_up(&mut self, step: &Step, pod: Option<&Pod>, why: String) -> Result<(), Error> {
+    async fn give_up(
+        &mut self,
+        step: &Step,
+        pod: Option<&CompactPod>,
+        why: String,
+    ) -> Result<(), Error> {
         self.rec.skipped += 1;
         self.given_up.insert(step.m.batch);
         info!(policy = %self.name, pod = %step.m.pod, why = %why, "eviction not sent; its unit is given up");
@@ -485,7 +489,7 @@ impl Run {
     async fn evict(
         &mut self,
         step: &Step,
-        pod: &Pod,
+        pod: &CompactPod,
         owner: Workload,
     ) -> Result<Option<Stop>, Error> {
         let m = &step.m;

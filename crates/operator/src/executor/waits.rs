@@ -9,8 +9,7 @@ use chrono::{DateTime, Utc};
 use gpu_defrag_api::v1alpha1::{InFlightEviction, RunRecord};
 use gpu_defrag_core::ingest;
 use gpu_defrag_core::policy::Policy;
-use k8s_openapi::api::core::v1::Pod;
-use kube::ResourceExt;
+use gpu_defrag_core::compact::CompactPod;
 use kube::runtime::reflector::Store;
 use tracing::warn;
 
@@ -18,7 +17,7 @@ use super::fences::Fences;
 use super::outcome::{self, Stop};
 use crate::dra::DraSnapshot;
 use crate::metrics::Metrics;
-use crate::objects::{controller_of, pod_node, pod_ready};
+use crate::objects::CachedPod;
 
 /// How often waits poll the caches.
 pub const POLL: Duration = Duration::from_millis(500);
@@ -49,22 +48,22 @@ pub struct Wait {
 impl Wait {
     /// The UIDs of a workload's pods now: taken before its pod is evicted, so that none of
     /// them is mistaken for the replacement.
-    pub fn known(pods: &Store<Pod>, pod: &Pod, owner: &Workload) -> HashSet<String> {
-        let namespace = pod.namespace().unwrap_or_default();
-        pods_of_owner(pods, &namespace, owner)
+    pub fn known(pods: &Store<CachedPod>, pod: &CompactPod, owner: &Workload) -> HashSet<String> {
+        pods_of_owner(pods, &pod.namespace, owner)
             .iter()
-            .filter_map(|p| p.metadata.uid.clone())
+            .map(|p| p.uid.clone())
+            .filter(|u| !u.is_empty())
             .collect()
     }
 
     /// A wait for the replacement of `pod` (`key`, of `owner`), evicted now; `known` as
     /// [`Wait::known`] gave before the eviction.
-    pub fn new(key: &str, pod: &Pod, owner: Workload, known: HashSet<String>) -> Self {
+    pub fn new(key: &str, pod: &CompactPod, owner: Workload, known: HashSet<String>) -> Self {
         Wait {
             pod: key.to_string(),
             owner,
-            namespace: pod.namespace().unwrap_or_default(),
-            evicted_uid: pod.metadata.uid.clone().unwrap_or_default(),
+            namespace: pod.namespace.clone(),
+            evicted_uid: pod.uid.clone(),
             known,
             since: tokio::time::Instant::now(),
             resumed: false,
@@ -88,35 +87,30 @@ impl Wait {
 
     /// Whether the evicted pod has been replaced by a Ready pod, among `pods` (its
     /// workload's); the replacement if it is known.
-    fn replaced<'a>(&self, pods: &'a [Arc<Pod>]) -> Option<Option<&'a Arc<Pod>>> {
+    fn replaced<'a>(&self, pods: &'a [Arc<CachedPod>]) -> Option<Option<&'a Arc<CachedPod>>> {
         if self.resumed {
-            let evicted_gone = pods
-                .iter()
-                .all(|p| p.metadata.uid.as_deref() != Some(self.evicted_uid.as_str()));
-            let all_ready = !pods.is_empty()
-                && pods
-                    .iter()
-                    .all(|p| pod_ready(p) && p.metadata.deletion_timestamp.is_none());
+            let evicted_gone = pods.iter().all(|p| p.uid != self.evicted_uid);
+            let all_ready = !pods.is_empty() && pods.iter().all(|p| p.ready && !p.deleting);
             return (evicted_gone && all_ready).then_some(None);
         }
         pods.iter()
             .find(|p| {
-                let uid = p.metadata.uid.clone().unwrap_or_default();
-                uid != self.evicted_uid
-                    && !self.known.contains(&uid)
-                    && pod_ready(p)
-                    && p.metadata.deletion_timestamp.is_none()
+                p.uid != self.evicted_uid && !self.known.contains(&p.uid) && p.ready && !p.deleting
             })
             .map(Some)
     }
 }
 
 /// The pods of a workload in the cache.
-fn pods_of_owner(pods: &Store<Pod>, ns: &str, owner: &Workload) -> Vec<Arc<Pod>> {
+fn pods_of_owner(pods: &Store<CachedPod>, ns: &str, owner: &Workload) -> Vec<Arc<CachedPod>> {
     pods.state()
         .into_iter()
         .filter(|p| {
-            p.namespace().as_deref() == Some(ns) && controller_of(p).as_ref() == Some(owner)
+            p.namespace == ns
+                && p
+                    .controller
+                    .as_ref()
+                    .is_some_and(|c| c.kind == owner.0 && c.name == owner.1)
         })
         .collect()
 }
@@ -125,7 +119,7 @@ fn pods_of_owner(pods: &Store<Pod>, ns: &str, owner: &Workload) -> Vec<Arc<Pod>>
 /// `maxPendingGpuPods` guard: what the run itself left unschedulable, its replacements
 /// and whatever arrived meanwhile, not the queue it came to serve).
 pub fn pending_gpu_pods(
-    pods: &Store<Pod>,
+    pods: &Store<CachedPod>,
     dra: &DraSnapshot,
     policy: &Policy,
     since: DateTime<Utc>,
@@ -135,15 +129,13 @@ pub fn pending_gpu_pods(
         pods: pods
             .iter()
             .filter(|p| {
-                p.metadata
-                    .creation_timestamp
-                    .as_ref()
+                p.created
                     // Creation times have whole seconds: a pod of the second the run
                     // started belongs to the queue it came to serve, not to the run (its
                     // first replacements, if that quick, are in flight anyway).
-                    .is_none_or(|t| t.0.as_second() > since.timestamp())
+                    .is_none_or(|t| t.timestamp() > since.timestamp())
             })
-            .map(|p| p.as_ref())
+            .map(|p| &p.0)
             .collect(),
         // A pending pod's DRA-backed GPUs are read from its claims' device classes.
         resource_claims: dra.claims.iter().map(|c| c.as_ref()).collect(),
@@ -196,7 +188,7 @@ impl Waits {
     /// stalls the run.
     pub fn settle(
         &mut self,
-        pods: &Store<Pod>,
+        pods: &Store<CachedPod>,
         metrics: &Metrics,
         policy: &str,
         fences: &Fences,
@@ -212,7 +204,7 @@ impl Waits {
                 let Some(r) = replacement else {
                     return false;
                 };
-                let node = pod_node(r).unwrap_or_default();
+                let node = r.node_name.as_deref().unwrap_or_default();
                 if let Some(on_gpu) = fences.hit(node, &ingest::hami_pod_gpus(r)) {
                     rec.bounced += 1;
                     metrics.eviction(policy, "bounced");
@@ -249,28 +241,30 @@ mod tests {
 
     use super::*;
 
-    fn pod(name: &str, uid: &str, ready: bool, deleting: bool) -> Pod {
+    fn pod(name: &str, uid: &str, ready: bool, deleting: bool) -> CachedPod {
         let mut meta = json!({"name": name, "namespace": "ml", "uid": uid,
             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1",
                                  "uid": "rs", "controller": true}]});
         if deleting {
             meta["deletionTimestamp"] = json!("2026-12-04T02:00:00Z");
         }
-        serde_json::from_value(json!({
-            "metadata": meta,
-            "spec": {"nodeName": "n2", "containers": [{"name": "c"}]},
-            "status": {"conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}]}
-        }))
-        .unwrap()
+        CachedPod::of(
+            &serde_json::from_value(json!({
+                "metadata": meta,
+                "spec": {"nodeName": "n2", "containers": [{"name": "c"}]},
+                "status": {"conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}]}
+            }))
+            .unwrap(),
+        )
     }
 
-    fn apply(w: &mut Writer<Pod>, p: Pod) {
+    fn apply(w: &mut Writer<CachedPod>, p: CachedPod) {
         w.apply_watcher_event(&watcher::Event::Apply(p));
     }
 
     #[test]
     fn a_resumed_wait_ends_once_the_evicted_pod_is_gone_and_its_workload_is_ready() {
-        let (pods, mut writer) = kube::runtime::reflector::store::<Pod>();
+        let (pods, mut writer) = kube::runtime::reflector::store::<CachedPod>();
         let flight = InFlightEviction {
             pod: "ml/web-1-a".into(),
             uid: "a".into(),
@@ -307,7 +301,7 @@ mod tests {
 
     #[test]
     fn a_wait_ends_on_a_new_ready_pod_of_its_workload_and_counts_a_bounce() {
-        let (pods, mut writer) = kube::runtime::reflector::store::<Pod>();
+        let (pods, mut writer) = kube::runtime::reflector::store::<CachedPod>();
         apply(&mut writer, pod("web-1-a", "a", true, false));
         apply(&mut writer, pod("web-1-b", "b", true, false));
         let evicted = pod("web-1-a", "a", true, false);
@@ -343,7 +337,7 @@ mod tests {
 
     #[test]
     fn a_wait_past_the_timeout_stalls_the_run() {
-        let (pods, _writer) = kube::runtime::reflector::store::<Pod>();
+        let (pods, _writer) = kube::runtime::reflector::store::<CachedPod>();
         let mut waits = Waits::new(Duration::from_millis(0));
         let evicted = pod("web-1-a", "a", true, false);
         waits.open.push(Wait::new(
@@ -365,16 +359,18 @@ mod tests {
 
     #[test]
     fn the_pending_guard_counts_only_pods_created_during_the_run() {
-        let (pods, mut writer) = kube::runtime::reflector::store::<Pod>();
-        let pending = |name: &str, created: &str| -> Pod {
-            serde_json::from_value(json!({
-                "metadata": {"name": name, "namespace": "ml", "uid": name,
-                             "creationTimestamp": created},
-                "spec": {"containers": [{"name": "c", "resources": {
-                    "limits": {"nvidia.com/gpu": "8"}, "requests": {"nvidia.com/gpu": "8"}}}]},
-                "status": {"phase": "Pending"}
-            }))
-            .unwrap()
+        let (pods, mut writer) = kube::runtime::reflector::store::<CachedPod>();
+        let pending = |name: &str, created: &str| {
+            CachedPod::of(
+                &serde_json::from_value(json!({
+                    "metadata": {"name": name, "namespace": "ml", "uid": name,
+                                 "creationTimestamp": created},
+                    "spec": {"containers": [{"name": "c", "resources": {
+                        "limits": {"nvidia.com/gpu": "8"}, "requests": {"nvidia.com/gpu": "8"}}}]},
+                    "status": {"phase": "Pending"}
+                }))
+                .unwrap(),
+            )
         };
         apply(&mut writer, pending("queued", "2026-12-04T01:00:00Z"));
         apply(&mut writer, pending("new", "2026-12-04T02:10:00Z"));

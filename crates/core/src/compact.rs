@@ -1,0 +1,373 @@
+//! A pod as the model and the executor read it: the fields of a Kubernetes `Pod` that
+//! building the [`Cluster`](crate::model::Cluster) and moving a pod need, and nothing else.
+//!
+//! A watch cache holds one of these per pod instead of the whole object: a Kubernetes
+//! `Pod` is about 2.4 KiB before any field is set and 2.3 KiB more per container (each
+//! volume 3.3 KiB), so at 200,000 pods the objects alone take gigabytes. The projection is
+//! made once per watch event; the model built from it is the one the whole object gives
+//! (`ingest` builds every model, snapshots included, through it).
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1 as corev1;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::dra::PodClaims;
+use crate::model::{NodeSelectorRequirement, Phase, Toleration};
+
+/// The annotation `kubectl apply` keeps the whole last applied object in: never read.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// The controller of a pod: its `ownerReferences` entry with `controller: true`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ControllerRef {
+    /// `apiVersion`.
+    pub api_version: String,
+    /// `kind`.
+    pub kind: String,
+    /// `name`.
+    pub name: String,
+}
+
+/// A container's resource requests and limits (a limit equal to its request is dropped:
+/// it says nothing the request does not).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ContainerResources {
+    /// The container's name.
+    pub name: String,
+    /// `resources.requests`.
+    pub requests: Option<BTreeMap<String, Quantity>>,
+    /// `resources.limits`.
+    pub limits: Option<BTreeMap<String, Quantity>>,
+}
+
+impl ContainerResources {
+    fn of(c: &corev1::Container) -> Self {
+        let res = c.resources.as_ref();
+        let requests = res.and_then(|r| r.requests.clone());
+        let limits = res.and_then(|r| r.limits.as_ref()).and_then(|l| {
+            let kept: BTreeMap<String, Quantity> = l
+                .iter()
+                .filter(|(k, v)| requests.as_ref().and_then(|r| r.get(*k)) != Some(*v))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            (!kept.is_empty()).then_some(kept)
+        });
+        ContainerResources {
+            name: c.name.clone(),
+            requests,
+            limits,
+        }
+    }
+}
+
+/// A pod, projected to what the model and the executor read.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CompactPod {
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.uid`.
+    pub uid: String,
+    /// `metadata.resourceVersion`.
+    pub resource_version: Option<String>,
+    /// `metadata.creationTimestamp`.
+    pub created: Option<DateTime<Utc>>,
+    /// `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+    /// `metadata.labels`.
+    pub labels: BTreeMap<String, String>,
+    /// `metadata.annotations`, but `kubectl apply`'s copy of the object.
+    pub annotations: BTreeMap<String, String>,
+    /// The controller among `metadata.ownerReferences`.
+    pub controller: Option<ControllerRef>,
+    /// `spec.nodeName`.
+    pub node_name: Option<String>,
+    /// `spec.schedulerName`.
+    pub scheduler_name: Option<String>,
+    /// `spec.priority`.
+    pub priority: Option<i32>,
+    /// `spec.priorityClassName`.
+    pub priority_class_name: Option<String>,
+    /// `spec.containers`' resources.
+    pub containers: Vec<ContainerResources>,
+    /// `spec.initContainers`' resources.
+    pub init_containers: Vec<ContainerResources>,
+    /// A volume holds data on the node: a `hostPath` or a disk-backed `emptyDir` (a
+    /// memory-backed one, `/dev/shm` or hugepages, holds nothing that outlives the
+    /// container).
+    pub local_storage: bool,
+    /// A `persistentVolumeClaim` volume.
+    pub pvc: bool,
+    /// A generic `ephemeral` volume.
+    pub ephemeral_volume: bool,
+    /// `spec.resourceClaims` and their status (Dynamic Resource Allocation).
+    pub claims: PodClaims,
+    /// `spec.nodeSelector`.
+    pub node_selector: BTreeMap<String, String>,
+    /// The terms of the required node affinity.
+    pub affinity: Vec<Vec<NodeSelectorRequirement>>,
+    /// `spec.tolerations`.
+    pub tolerations: Vec<Toleration>,
+    /// `status.phase`.
+    pub phase: Phase,
+    /// Its `Ready` condition is `True`.
+    pub ready: bool,
+    /// `status.startTime`.
+    pub started: Option<DateTime<Utc>>,
+}
+
+/// A Kubernetes time as chrono's.
+pub(crate) fn to_chrono(
+    t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> Option<DateTime<Utc>> {
+    let ts = t.0;
+    DateTime::from_timestamp(
+        ts.as_second(),
+        u32::try_from(ts.subsec_nanosecond()).unwrap_or(0),
+    )
+}
+
+impl CompactPod {
+    /// The projection of a Kubernetes pod.
+    pub fn of(p: &corev1::Pod) -> CompactPod {
+        let meta = &p.metadata;
+        let spec = p.spec.as_ref();
+        let status = p.status.as_ref();
+        let volumes = || spec.into_iter().flat_map(|s| s.volumes.iter().flatten());
+        CompactPod {
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+            resource_version: meta.resource_version.clone(),
+            created: meta.creation_timestamp.as_ref().and_then(to_chrono),
+            deleting: meta.deletion_timestamp.is_some(),
+            labels: meta.labels.clone().unwrap_or_default(),
+            annotations: meta
+                .annotations
+                .iter()
+                .flatten()
+                .filter(|(k, _)| k.as_str() != LAST_APPLIED)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            controller: meta
+                .owner_references
+                .iter()
+                .flatten()
+                .find(|o| o.controller == Some(true))
+                .map(|o| ControllerRef {
+                    api_version: o.api_version.clone(),
+                    kind: o.kind.clone(),
+                    name: o.name.clone(),
+                }),
+            node_name: spec.and_then(|s| s.node_name.clone()),
+            scheduler_name: spec.and_then(|s| s.scheduler_name.clone()),
+            priority: spec.and_then(|s| s.priority),
+            priority_class_name: spec.and_then(|s| s.priority_class_name.clone()),
+            containers: spec
+                .map(|s| s.containers.iter().map(ContainerResources::of).collect())
+                .unwrap_or_default(),
+            init_containers: spec
+                .and_then(|s| s.init_containers.as_ref())
+                .map(|cs| cs.iter().map(ContainerResources::of).collect())
+                .unwrap_or_default(),
+            local_storage: volumes().any(|v| {
+                v.host_path.is_some()
+                    || v.empty_dir.as_ref().is_some_and(|e| {
+                        e.medium
+                            .as_deref()
+                            .is_none_or(|m| m != "Memory" && !m.starts_with("HugePages"))
+                    })
+            }),
+            pvc: volumes().any(|v| v.persistent_volume_claim.is_some()),
+            ephemeral_volume: volumes().any(|v| v.ephemeral.is_some()),
+            claims: PodClaims::of(p),
+            node_selector: spec
+                .and_then(|s| s.node_selector.clone())
+                .unwrap_or_default(),
+            affinity: spec.map(affinity_of).unwrap_or_default(),
+            tolerations: spec
+                .into_iter()
+                .flat_map(|s| s.tolerations.iter().flatten())
+                .map(|t| Toleration {
+                    key: t.key.clone().unwrap_or_default(),
+                    operator: t.operator.clone().unwrap_or_else(|| "Equal".into()),
+                    value: t.value.clone().unwrap_or_default(),
+                    effect: t.effect.clone().unwrap_or_default(),
+                })
+                .collect(),
+            phase: match status.and_then(|s| s.phase.as_deref()) {
+                Some("Pending") => Phase::Pending,
+                Some("Running") => Phase::Running,
+                Some("Succeeded") => Phase::Succeeded,
+                Some("Failed") => Phase::Failed,
+                _ => Phase::Unknown,
+            },
+            ready: status
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+            started: status
+                .and_then(|s| s.start_time.as_ref())
+                .and_then(to_chrono),
+        }
+    }
+
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// `(kind, name)` of the pod's controller.
+    pub fn controller_of(&self) -> Option<(String, String)> {
+        self.controller
+            .as_ref()
+            .map(|o| (o.kind.clone(), o.name.clone()))
+    }
+
+    /// A reference to the pod, for events.
+    pub fn object_reference(&self) -> corev1::ObjectReference {
+        corev1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some(self.namespace.clone()),
+            name: Some(self.name.clone()),
+            uid: Some(self.uid.clone()).filter(|u| !u.is_empty()),
+            resource_version: self.resource_version.clone(),
+            ..Default::default()
+        }
+    }
+}
+
+/// The terms of a pod's required node affinity.
+fn affinity_of(spec: &corev1::PodSpec) -> Vec<Vec<NodeSelectorRequirement>> {
+    let Some(sel) = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|na| {
+            na.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+    else {
+        return Vec::new();
+    };
+    let req = |field: bool| {
+        move |e: &corev1::NodeSelectorRequirement| NodeSelectorRequirement {
+            key: e.key.clone(),
+            operator: e.operator.clone(),
+            values: e.values.clone().unwrap_or_default(),
+            field,
+        }
+    };
+    sel.node_selector_terms
+        .iter()
+        .map(|t| {
+            let exprs = t.match_expressions.iter().flatten().map(req(false));
+            let fields = t.match_fields.iter().flatten().map(req(true));
+            exprs.chain(fields).collect()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_projection_keeps_what_the_model_and_the_executor_read() {
+        let pod: corev1::Pod = serde_json::from_value(json!({
+            "metadata": {
+                "name": "p", "namespace": "ml", "uid": "u1", "resourceVersion": "7",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "deletionTimestamp": "2026-01-01T01:00:00Z",
+                "labels": {"app": "a"},
+                "annotations": {
+                    "kubectl.kubernetes.io/last-applied-configuration": "{}",
+                    "hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,1024,30:;"
+                },
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Node", "name": "n", "uid": "x"},
+                    {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "y",
+                     "controller": true}
+                ]
+            },
+            "spec": {
+                "nodeName": "n1", "schedulerName": "gpu-binpack", "priority": 5,
+                "priorityClassName": "hi",
+                "containers": [{"name": "c", "resources": {
+                    "requests": {"cpu": "1", "nvidia.com/gpu": "1"},
+                    "limits": {"cpu": "2", "nvidia.com/gpu": "1"}}}],
+                "initContainers": [{"name": "i", "resources": {"limits": {"memory": "1Gi"}}}],
+                "volumes": [
+                    {"name": "shm", "emptyDir": {"medium": "Memory"}},
+                    {"name": "d", "persistentVolumeClaim": {"claimName": "d"}}
+                ],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "c1"}],
+                "nodeSelector": {"nvidia.com/gpu.product": "H100"},
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{
+                        "matchExpressions": [{"key": "k", "operator": "In", "values": ["v"]}],
+                        "matchFields": [{"key": "metadata.name", "operator": "In",
+                                         "values": ["n1"]}]
+                    }]}}},
+                "tolerations": [{"key": "t", "effect": "NoSchedule"}]
+            },
+            "status": {
+                "phase": "Running", "startTime": "2026-01-01T00:00:05Z",
+                "conditions": [{"type": "Ready", "status": "True"}]
+            }
+        }))
+        .unwrap();
+        let c = CompactPod::of(&pod);
+        assert_eq!(c.key(), "ml/p");
+        assert_eq!((c.uid.as_str(), c.resource_version.as_deref()), ("u1", Some("7")));
+        assert!(c.deleting && c.ready && c.phase == Phase::Running);
+        assert_eq!(c.created.unwrap().to_rfc3339(), "2026-01-01T00:00:00+00:00");
+        assert_eq!(c.started.unwrap().to_rfc3339(), "2026-01-01T00:00:05+00:00");
+        assert_eq!(
+            c.annotations.keys().collect::<Vec<_>>(),
+            ["hami.io/vgpu-devices-allocated"],
+            "kubectl's copy of the object is not kept"
+        );
+        assert_eq!(
+            c.controller_of(),
+            Some(("ReplicaSet".into(), "rs".into())),
+            "the controller, not the first owner"
+        );
+        assert_eq!(c.node_name.as_deref(), Some("n1"));
+        assert_eq!(c.scheduler_name.as_deref(), Some("gpu-binpack"));
+        assert_eq!((c.priority, c.priority_class_name.as_deref()), (Some(5), Some("hi")));
+        let lim = c.containers[0].limits.as_ref().unwrap();
+        assert_eq!(
+            lim.keys().collect::<Vec<_>>(),
+            ["cpu"],
+            "a limit equal to its request goes"
+        );
+        assert_eq!(c.init_containers[0].name, "i");
+        assert!(c.init_containers[0].requests.is_none());
+        assert!(c.init_containers[0].limits.as_ref().unwrap().contains_key("memory"));
+        assert!(!c.local_storage, "a memory-backed emptyDir is not local storage");
+        assert!(c.pvc && !c.ephemeral_volume);
+        assert_eq!(c.claims.spec, [("gpu".to_string(), Some("c1".to_string()))]);
+        assert_eq!(c.node_selector["nvidia.com/gpu.product"], "H100");
+        assert_eq!(c.affinity.len(), 1);
+        assert_eq!(
+            c.affinity[0].iter().map(|r| r.field).collect::<Vec<_>>(),
+            [false, true]
+        );
+        assert_eq!(c.tolerations[0].operator, "Equal");
+        let r = c.object_reference();
+        assert_eq!(
+            (r.kind.as_deref(), r.name.as_deref(), r.uid.as_deref()),
+            (Some("Pod"), Some("p"), Some("u1"))
+        );
+    }
+
+    #[test]
+    fn an_empty_pod_projects_to_defaults_without_a_panic() {
+        let c = CompactPod::of(&corev1::Pod::default());
+        assert_eq!(c, CompactPod::default());
+    }
+}
