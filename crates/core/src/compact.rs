@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1 as corev1;
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
+pub use crate::adapters::Requests;
 use crate::dra::PodClaims;
 use crate::model::{NodeSelectorRequirement, Phase, Toleration};
 
@@ -27,38 +27,6 @@ pub struct ControllerRef {
     pub kind: String,
     /// `name`.
     pub name: String,
-}
-
-/// A container's resource requests and limits (a limit equal to its request is dropped:
-/// it says nothing the request does not).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ContainerResources {
-    /// The container's name.
-    pub name: String,
-    /// `resources.requests`.
-    pub requests: Option<BTreeMap<String, Quantity>>,
-    /// `resources.limits`.
-    pub limits: Option<BTreeMap<String, Quantity>>,
-}
-
-impl ContainerResources {
-    fn of(c: &corev1::Container) -> Self {
-        let res = c.resources.as_ref();
-        let requests = res.and_then(|r| r.requests.clone());
-        let limits = res.and_then(|r| r.limits.as_ref()).and_then(|l| {
-            let kept: BTreeMap<String, Quantity> = l
-                .iter()
-                .filter(|(k, v)| requests.as_ref().and_then(|r| r.get(*k)) != Some(*v))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            (!kept.is_empty()).then_some(kept)
-        });
-        ContainerResources {
-            name: c.name.clone(),
-            requests,
-            limits,
-        }
-    }
 }
 
 /// A pod, projected to what the model and the executor read.
@@ -90,10 +58,8 @@ pub struct CompactPod {
     pub priority: Option<i32>,
     /// `spec.priorityClassName`.
     pub priority_class_name: Option<String>,
-    /// `spec.containers`' resources.
-    pub containers: Vec<ContainerResources>,
-    /// `spec.initContainers`' resources.
-    pub init_containers: Vec<ContainerResources>,
+    /// The containers' resource requests (and limits), read.
+    pub requests: Requests,
     /// A volume holds data on the node: a `hostPath` or a disk-backed `emptyDir` (a
     /// memory-backed one, `/dev/shm` or hugepages, holds nothing that outlives the
     /// container).
@@ -165,13 +131,7 @@ impl CompactPod {
             scheduler_name: spec.and_then(|s| s.scheduler_name.clone()),
             priority: spec.and_then(|s| s.priority),
             priority_class_name: spec.and_then(|s| s.priority_class_name.clone()),
-            containers: spec
-                .map(|s| s.containers.iter().map(ContainerResources::of).collect())
-                .unwrap_or_default(),
-            init_containers: spec
-                .and_then(|s| s.init_containers.as_ref())
-                .map(|cs| cs.iter().map(ContainerResources::of).collect())
-                .unwrap_or_default(),
+            requests: spec.map(Requests::of).unwrap_or_default(),
             local_storage: volumes().any(|v| {
                 v.host_path.is_some()
                     || v.empty_dir.as_ref().is_some_and(|e| {
@@ -339,15 +299,10 @@ mod tests {
         assert_eq!(c.node_name.as_deref(), Some("n1"));
         assert_eq!(c.scheduler_name.as_deref(), Some("gpu-binpack"));
         assert_eq!((c.priority, c.priority_class_name.as_deref()), (Some(5), Some("hi")));
-        let lim = c.containers[0].limits.as_ref().unwrap();
-        assert_eq!(
-            lim.keys().collect::<Vec<_>>(),
-            ["cpu"],
-            "a limit equal to its request goes"
-        );
-        assert_eq!(c.init_containers[0].name, "i");
-        assert!(c.init_containers[0].requests.is_none());
-        assert!(c.init_containers[0].limits.as_ref().unwrap().contains_key("memory"));
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(c.requests, Requests::of(spec), "the requests, read once");
+        assert_eq!((c.requests.cpu, c.requests.mem), (1000, 1 << 30));
+        assert_eq!(c.requests.total("nvidia.com/gpu"), Ok(1));
         assert!(!c.local_storage, "a memory-backed emptyDir is not local storage");
         assert!(c.pvc && !c.ephemeral_volume);
         assert_eq!(c.claims.spec, [("gpu".to_string(), Some("c1".to_string()))]);

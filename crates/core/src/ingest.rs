@@ -268,8 +268,8 @@ fn base_pod<'p>(
     p: &'p CompactPod,
     node_index: &HashMap<&str, usize>,
     label_sets: &mut LabelSets<'p>,
-) -> (Pod, Requests<'p>) {
-    let req = Requests::of(p);
+) -> (Pod, &'p Requests) {
+    let req = &p.requests;
     let node_name = p.node_name.clone().filter(|n| !n.is_empty());
     let node = node_name
         .as_deref()
@@ -489,7 +489,7 @@ pub fn build_cluster_from(mut objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) 
         } else {
             let input = PodInput {
                 pod: &pod,
-                req: &req,
+                req,
                 annotations,
                 dra: inv.present().then_some(DraPodInput {
                     inv: &inv,

@@ -13,7 +13,6 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::api::core::v1 as corev1;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::compact::{CompactPod, ContainerResources};
 use crate::formats::{self, FormatError};
 use crate::model::*;
 
@@ -174,7 +173,7 @@ pub(crate) struct PodInput<'a> {
     /// The pod as modelled so far (labels, phase, node).
     pub pod: &'a Pod,
     /// Its resource requests.
-    pub req: &'a Requests<'a>,
+    pub req: &'a Requests,
     /// Its annotations (empty when it has none).
     pub annotations: &'a BTreeMap<String, String>,
     /// Its DRA claims and the DRA inventory, when the input has DRA objects.
@@ -193,37 +192,36 @@ pub(crate) struct DraPodInput<'a> {
 
 /// One container's resources: name → quantity (a limit where it differs from the
 /// request of the same name, as the API server requires of extended resources), in name
-/// order; borrowed from the pod.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct ContainerRequests<'a>(Vec<(&'a str, &'a str)>);
+/// order.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct ContainerRequests(Vec<(String, String)>);
 
-impl<'a> ContainerRequests<'a> {
+impl ContainerRequests {
     /// The quantity of `name`.
-    pub fn get(&self, name: &str) -> Option<&'a str> {
+    pub fn get(&self, name: &str) -> Option<&str> {
         self.0
-            .binary_search_by(|(k, _)| (*k).cmp(name))
+            .binary_search_by(|(k, _)| k.as_str().cmp(name))
             .ok()
-            .map(|i| self.0[i].1)
+            .map(|i| self.0[i].1.as_str())
     }
     /// Whether it asks for `name`.
     pub fn contains_key(&self, name: &str) -> bool {
         self.get(name).is_some()
     }
     /// (name, quantity), in name order.
-    pub fn iter(&self) -> impl Iterator<Item = (&'a str, &'a str)> + '_ {
-        self.0.iter().copied()
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> + '_ {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }
 }
 
 /// `(name, quantity)` of a container's requests and limits in name order, a limit in
 /// place of the request of the same name.
-fn merge_limits<'a>(
-    requests: Option<&'a BTreeMap<String, Quantity>>,
-    limits: Option<&'a BTreeMap<String, Quantity>>,
-) -> Vec<(&'a str, &'a str)> {
-    let entry = |(k, v): (&'a String, &'a Quantity)| (k.as_str(), v.0.as_str());
-    let mut req = requests.into_iter().flatten().map(entry).peekable();
-    let mut lim = limits.into_iter().flatten().map(entry).peekable();
+fn merge_limits(
+    requests: Option<&BTreeMap<String, Quantity>>,
+    limits: Option<&BTreeMap<String, Quantity>>,
+) -> Vec<(String, String)> {
+    let mut req = requests.into_iter().flatten().peekable();
+    let mut lim = limits.into_iter().flatten().peekable();
     let n = requests.map_or(0, |x| x.len()) + limits.map_or(0, |x| x.len());
     let mut out = Vec::with_capacity(n);
     loop {
@@ -240,17 +238,21 @@ fn merge_limits<'a>(
             (None, _) => lim.next(),
         };
         match next {
-            Some(e) => out.push(e),
-            None => return out,
+            Some((k, v)) => out.push((k.clone(), v.0.clone())),
+            None => {
+                out.shrink_to_fit();
+                return out;
+            }
         }
     }
 }
 
-/// Per-pod resource requests, summed over containers (init containers: the max).
-#[derive(Debug, Default, Clone)]
-pub(crate) struct Requests<'a> {
+/// Per-pod resource requests, summed over containers (init containers: the max): read
+/// once, when the pod is projected ([`CompactPod`]).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Requests {
     /// Name → per-container quantities (strings), containers in order.
-    pub per_container: Vec<ContainerRequests<'a>>,
+    pub(crate) per_container: Vec<ContainerRequests>,
     /// CPU, milli.
     pub cpu: u64,
     /// Memory, bytes.
@@ -259,23 +261,25 @@ pub(crate) struct Requests<'a> {
     bad: Option<String>,
 }
 
-impl<'a> Requests<'a> {
-    /// Reads a pod's requests (limits where a container has no requests).
-    pub fn of(pod: &'a CompactPod) -> Requests<'a> {
+impl Requests {
+    /// Reads a pod spec's requests (limits where a container has no requests).
+    pub fn of(spec: &corev1::PodSpec) -> Requests {
         let mut r = Requests::default();
         let mut cpu = 0u64;
         let mut mem = 0u64;
-        for c in &pod.containers {
+        for c in &spec.containers {
             let (c_cpu, c_mem) = r.read(c, "container");
             cpu = cpu.saturating_add(c_cpu);
             mem = mem.saturating_add(c_mem);
             // Extended resources must have requests == limits; take limits, then requests:
             // a limit replaces the request of the same name. Both maps are in name order:
             // one merge keeps that order.
-            let m = merge_limits(c.requests.as_ref(), c.limits.as_ref());
+            let m = c.resources.as_ref().map_or_else(Vec::new, |res| {
+                merge_limits(res.requests.as_ref(), res.limits.as_ref())
+            });
             r.per_container.push(ContainerRequests(m));
         }
-        for c in &pod.init_containers {
+        for c in spec.init_containers.iter().flatten() {
             let (c_cpu, c_mem) = r.read(c, "init container");
             cpu = cpu.max(c_cpu);
             mem = mem.max(c_mem);
@@ -289,7 +293,10 @@ impl<'a> Requests<'a> {
     /// requests; 0 where unreadable), each quantity read once. Records the first request
     /// or limit of `c` that is not a quantity (`cpu` must read as milli-CPU, `memory` as
     /// bytes), unless one was recorded already.
-    fn read(&mut self, res: &ContainerResources, what: &str) -> (u64, u64) {
+    fn read(&mut self, c: &corev1::Container, what: &str) -> (u64, u64) {
+        let Some(res) = &c.resources else {
+            return (0, 0);
+        };
         let (mut cpu, mut mem) = (0, 0);
         for (section, list) in [("requests", &res.requests), ("limits", &res.limits)] {
             // The requests, or the limits of a container without requests.
@@ -324,7 +331,7 @@ impl<'a> Requests<'a> {
                 if checked && let Err(e) = read {
                     self.bad = Some(format!(
                         "{what} {}: {section}.{}: {e}",
-                        trunc(&res.name),
+                        trunc(&c.name),
                         trunc(k)
                     ));
                 }
@@ -595,17 +602,25 @@ mod tests {
         };
         let req = map(&[("cpu", "1"), ("memory", "1Gi"), ("nvidia.com/gpu", "1")]);
         let lim = map(&[("a.io/x", "2"), ("memory", "2Gi"), ("nvidia.com/gpu", "1")]);
+        let pairs = |kv: &[(&str, &str)]| -> Vec<(String, String)> {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
         assert_eq!(
             merge_limits(Some(&req), Some(&lim)),
-            [
+            pairs(&[
                 ("a.io/x", "2"),
                 ("cpu", "1"),
                 ("memory", "2Gi"),
                 ("nvidia.com/gpu", "1")
-            ]
+            ])
         );
         assert_eq!(merge_limits(None, Some(&lim)).len(), 3);
-        assert_eq!(merge_limits(Some(&req), None)[1], ("memory", "1Gi"));
+        assert_eq!(
+            merge_limits(Some(&req), None)[1],
+            pairs(&[("memory", "1Gi")])[0]
+        );
         assert!(merge_limits(None, None).is_empty());
     }
 
@@ -642,22 +657,14 @@ mod tests {
             ]),
             ..Default::default()
         };
-        let pod = |spec| {
-            CompactPod::of(&corev1::Pod {
-                spec: Some(spec),
-                ..Default::default()
-            })
-        };
-        let p = pod(spec);
-        let r = Requests::of(&p);
+        let r = Requests::of(&spec);
         assert_eq!((r.cpu, r.mem), (3000, 2048));
         assert!(r.unreadable().is_none());
         let spec = corev1::PodSpec {
             containers: vec![res(&[("cpu", "x"), ("memory", "1Ki")], &[("memory", "y")])],
             ..Default::default()
         };
-        let p = pod(spec);
-        let r = Requests::of(&p);
+        let r = Requests::of(&spec);
         assert_eq!((r.cpu, r.mem), (0, 1024), "an unreadable cpu counts 0");
         let bad = r.unreadable().unwrap_or_default();
         assert!(
