@@ -282,7 +282,10 @@ mod tests {
         .unwrap();
         let c = CompactPod::of(&pod);
         assert_eq!(c.key(), "ml/p");
-        assert_eq!((c.uid.as_str(), c.resource_version.as_deref()), ("u1", Some("7")));
+        assert_eq!(
+            (c.uid.as_str(), c.resource_version.as_deref()),
+            ("u1", Some("7"))
+        );
         assert!(c.deleting && c.ready && c.phase == Phase::Running);
         assert_eq!(c.created.unwrap().to_rfc3339(), "2026-01-01T00:00:00+00:00");
         assert_eq!(c.started.unwrap().to_rfc3339(), "2026-01-01T00:00:05+00:00");
@@ -298,12 +301,18 @@ mod tests {
         );
         assert_eq!(c.node_name.as_deref(), Some("n1"));
         assert_eq!(c.scheduler_name.as_deref(), Some("gpu-binpack"));
-        assert_eq!((c.priority, c.priority_class_name.as_deref()), (Some(5), Some("hi")));
+        assert_eq!(
+            (c.priority, c.priority_class_name.as_deref()),
+            (Some(5), Some("hi"))
+        );
         let spec = pod.spec.as_ref().unwrap();
         assert_eq!(c.requests, Requests::of(spec), "the requests, read once");
         assert_eq!((c.requests.cpu, c.requests.mem), (1000, 1 << 30));
         assert_eq!(c.requests.total("nvidia.com/gpu"), Ok(1));
-        assert!(!c.local_storage, "a memory-backed emptyDir is not local storage");
+        assert!(
+            !c.local_storage,
+            "a memory-backed emptyDir is not local storage"
+        );
         assert!(c.pvc && !c.ephemeral_volume);
         assert_eq!(c.claims.spec, [("gpu".to_string(), Some("c1".to_string()))]);
         assert_eq!(c.node_selector["nvidia.com/gpu.product"], "H100");

@@ -23,14 +23,14 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use gpu_defrag_api::v1alpha1::{DefragPolicy, InFlightEviction, RunRecord};
 use gpu_defrag_api::values::RunResult;
+use gpu_defrag_core::compact::CompactPod;
 use gpu_defrag_core::frag;
 use gpu_defrag_core::plan::{Move, Skip};
 use gpu_defrag_core::policy::Policy;
 use gpu_defrag_core::recheck::{Planned, Refusal, recheck};
-use gpu_defrag_core::compact::CompactPod;
-use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 use tracing::{info, warn};
 
@@ -339,7 +339,8 @@ impl Run {
                 Ok(Some((pod, owner))) => self.evict(step, &pod, owner).await?,
                 Ok(None) => None,
                 Err((pod, why)) => {
-                    self.give_up(step, pod.as_deref().map(|p| &p.0), why).await?;
+                    self.give_up(step, pod.as_deref().map(|p| &p.0), why)
+                        .await?;
                     None
                 }
             };
@@ -425,11 +426,7 @@ impl Run {
         let Some((ns, pod_name)) = m.pod.split_once('/') else {
             return Ok(None);
         };
-        let Some(current) = self
-            .ctx
-            .pods
-            .get(&ObjectRef::new(pod_name).within(ns))
-        else {
+        let Some(current) = self.ctx.pods.get(&ObjectRef::new(pod_name).within(ns)) else {
             return Ok(None);
         };
         let now = Utc::now();

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use gpu_defrag_api::v1alpha1::{InFlightEviction, RunRecord};
+use gpu_defrag_core::compact::CompactPod;
 use gpu_defrag_core::ingest;
 use gpu_defrag_core::policy::Policy;
-use gpu_defrag_core::compact::CompactPod;
 use kube::runtime::reflector::Store;
 use tracing::warn;
 
@@ -107,8 +107,7 @@ fn pods_of_owner(pods: &Store<CachedPod>, ns: &str, owner: &Workload) -> Vec<Arc
         .into_iter()
         .filter(|p| {
             p.namespace == ns
-                && p
-                    .controller
+                && p.controller
                     .as_ref()
                     .is_some_and(|c| c.kind == owner.0 && c.name == owner.1)
         })
