@@ -362,6 +362,19 @@ pub struct Plan {
     /// What the input did not let the planner check ([`Cluster::unchecked`]).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unchecked: Vec<String>,
+    /// Nodes in the policy's scope that receive no planned pod yet, and why ([`settling`]):
+    /// an empty plan on a new cluster is explained by them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub settling_nodes: Vec<SettlingNode>,
+}
+
+/// A node that receives no planned pod yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SettlingNode {
+    /// Its name.
+    pub node: String,
+    /// Why: a start-up taint, not Ready, or Ready for less than `safety.minNodeAge`.
+    pub why: String,
 }
 
 /// A GPU pod the plan does not move, and why.
@@ -462,6 +475,7 @@ impl Plan {
             fenced_devices,
             pending_served: Vec::new(),
             unchecked: self.unchecked.clone(),
+            settling_nodes: self.settling_nodes.clone(),
         }
     }
 }
@@ -718,18 +732,43 @@ fn unit_priority(c: &Cluster, u: &Unit) -> i32 {
 /// Whether node `n` may receive planned pods: not while it is still starting up or
 /// younger than `safety.minNodeAge` (measured at `now`; no clock, no age check).
 pub fn warm(node: &Node, policy: &Policy, now: Option<DateTime<Utc>>) -> bool {
-    if node.starting.is_some() {
-        return false;
+    settling(node, policy, now).is_none()
+}
+
+/// Why node `n` receives no planned pod yet ([`warm`]), if it does not.
+pub fn settling(node: &Node, policy: &Policy, now: Option<DateTime<Utc>>) -> Option<String> {
+    if let Some(s) = &node.starting {
+        return Some(s.clone());
     }
-    match now {
-        None => true,
-        Some(_) if policy.min_node_age.is_zero() => true,
-        Some(now) => node.ready_since.is_some_and(|since| {
-            (now - since)
-                .to_std()
-                .is_ok_and(|age| age >= policy.min_node_age)
-        }),
+    let now = now.filter(|_| !policy.min_node_age.is_zero())?;
+    let Some(since) = node.ready_since else {
+        return Some("not Ready".into());
+    };
+    let age = (now - since).to_std().unwrap_or_default();
+    (age < policy.min_node_age).then(|| {
+        format!(
+            "Ready for {}, under safety.minNodeAge {}",
+            whole_seconds(age),
+            whole_seconds(policy.min_node_age)
+        )
+    })
+}
+
+/// A duration as `1h2m3s` (whole seconds; `0s` for none).
+fn whole_seconds(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    let (h, m, s) = (s / 3600, s / 60 % 60, s % 60);
+    let mut out = String::new();
+    if h > 0 {
+        out += &format!("{h}h");
     }
+    if m > 0 {
+        out += &format!("{m}m");
+    }
+    if s > 0 || out.is_empty() {
+        out += &format!("{s}s");
+    }
+    out
 }
 
 #[derive(Debug, Clone)]
@@ -1664,6 +1703,18 @@ pub fn plan_with_activity(
         fenced_devices,
         pending_served,
         unchecked: cluster.unchecked.clone(),
+        settling_nodes: cluster
+            .nodes
+            .iter()
+            .zip(&counted)
+            .filter(|(_, c)| **c)
+            .filter_map(|(n, _)| {
+                settling(n, policy, now).map(|why| SettlingNode {
+                    node: n.name.clone(),
+                    why,
+                })
+            })
+            .collect(),
     }
 }
 

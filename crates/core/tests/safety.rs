@@ -857,16 +857,39 @@ fn warmup_world(young: bool, taint: bool) -> Cluster {
 #[test]
 fn young_and_starting_nodes_receive_no_planned_pod() {
     let policy = eight_gpu_policy();
+    // The nodes that receive nothing yet are listed, each with why (an empty plan on a
+    // new cluster says so).
+    let settling = |p: &Plan| -> Vec<(String, String)> {
+        p.settling_nodes
+            .iter()
+            .map(|s| (s.node.clone(), s.why.clone()))
+            .collect()
+    };
     // Control: a node Ready for a month receives the pod.
     let p = run(&warmup_world(false, false), &policy);
     assert_moved(&p, "ml/web-a");
     assert_eq!(p.moves[0].to_node, "recv-web");
+    assert_eq!(settling(&p), []);
     // Ready 1 minute ago, minNodeAge 5m: nothing planned.
     let p = run(&warmup_world(true, false), &policy);
     assert!(p.moves.is_empty(), "{:#?}", p.moves);
+    let s = settling(&p);
+    assert_eq!(s.len(), 1, "{s:?}");
+    assert_eq!(s[0].0, "recv-web");
+    assert!(
+        s[0].1.starts_with("Ready for 1m") && s[0].1.ends_with("under safety.minNodeAge 5m"),
+        "{s:?}"
+    );
     // Start-up taint: nothing planned, whatever its age.
     let p = run(&warmup_world(false, true), &policy);
     assert!(p.moves.is_empty(), "{:#?}", p.moves);
+    assert_eq!(
+        settling(&p),
+        [(
+            "recv-web".to_string(),
+            "start-up taint node.cloudprovider.kubernetes.io/uninitialized".to_string()
+        )]
+    );
     // minNodeAge 0 and no taint: the young node receives it.
     let zero = Policy {
         min_node_age: std::time::Duration::ZERO,
@@ -875,9 +898,11 @@ fn young_and_starting_nodes_receive_no_planned_pod() {
     let p = run(&warmup_world(true, false), &zero);
     assert_moved(&p, "ml/web-a");
     assert_eq!(p.moves[0].to_node, "recv-web");
+    assert_eq!(settling(&p), []);
     // minNodeAge 0 does not lift the start-up taint.
     let p = run(&warmup_world(true, true), &zero);
     assert!(p.moves.is_empty(), "{:#?}", p.moves);
+    assert_eq!(settling(&p).len(), 1);
 }
 
 /// A node whose records cannot all be read has no known free capacity: it receives no

@@ -229,9 +229,31 @@ pub fn plan(before: &Report, after: &Report, p: &gpu_defrag_core::plan::Plan) ->
     for note in &p.unchecked {
         let _ = writeln!(s, "  not checked: {note}");
     }
+    if !p.settling_nodes.is_empty() {
+        let _ = writeln!(
+            s,
+            "  receive no pod yet: {}",
+            settling_text(&p.settling_nodes, 5)
+        );
+    }
     let _ = writeln!(s, "\nAFTER (expected)");
     s.push_str(&summary(after));
     s
+}
+
+/// The first `n` nodes that receive no planned pod yet, each with why, and how many more.
+pub fn settling_text(nodes: &[gpu_defrag_core::plan::SettlingNode], n: usize) -> String {
+    let shown: Vec<String> = nodes
+        .iter()
+        .take(n)
+        .map(|x| format!("{} ({})", x.node, x.why))
+        .collect();
+    let more = nodes.len().saturating_sub(n);
+    if more > 0 {
+        format!("{} … {more} more", shown.join(", "))
+    } else {
+        shown.join(", ")
+    }
 }
 
 // ---------------------------------------------------------------- policy status

@@ -403,6 +403,7 @@ mod bounds {
                 .collect(),
             pending_served: (0..moves).map(pod_key).collect(),
             unchecked: Vec::new(),
+            settling_nodes: Vec::new(),
             skipped_pods: Vec::new(),
         }
     }

@@ -1,13 +1,12 @@
 //! HAMi vGPU: the node register `hami.io/node-nvidia-register`, the pod record
 //! `hami.io/vgpu-devices-allocated`. Volcano vGPU ([`super::volcano_vgpu`]) shares the pod
 //! format and [`resolve_vgpu`].
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
     Adapter, NVIDIA_GPU, NodeCtx, NodeInput, PodInput, Resolved, count, device_list, devices,
     trunc, unknown,
 };
-use crate::compact::CompactPod;
 use crate::formats::{self, FormatError, HamiNodeDevice};
 use crate::model::*;
 
@@ -16,11 +15,11 @@ pub const HAMI_NODE_REGISTER: &str = "hami.io/node-nvidia-register";
 /// HAMi pod record.
 pub const HAMI_POD_ALLOCATED: &str = "hami.io/vgpu-devices-allocated";
 
-/// The GPUs (UUIDs) a pod's HAMi record `hami.io/vgpu-devices-allocated` names, in record
+/// The GPUs (UUIDs) the HAMi record `hami.io/vgpu-devices-allocated` among a pod's annotations names, in record
 /// order, container after container (a GPU two containers share is listed twice). Empty
 /// when the pod has no record or the record does not parse.
-pub fn hami_pod_gpus(pod: &CompactPod) -> Vec<String> {
-    pod.annotations
+pub fn hami_pod_gpus(annotations: &BTreeMap<String, String>) -> Vec<String> {
+    annotations
         .get(HAMI_POD_ALLOCATED)
         .and_then(|v| formats::parse_hami_pod_devices(v).ok())
         .map(|c| c.into_iter().flatten().map(|d| d.uuid).collect())
@@ -179,32 +178,23 @@ pub(super) fn resolve_vgpu(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
 
     #[test]
     fn hami_pod_gpus_lists_the_record_s_gpus() {
-        let mut pod = CompactPod::default();
-        assert!(hami_pod_gpus(&pod).is_empty(), "no annotations");
-        let with = |v: &str| {
-            hami_pod_gpus(&CompactPod {
-                annotations: BTreeMap::from([(HAMI_POD_ALLOCATED.to_string(), v.to_string())]),
-                ..Default::default()
-            })
-        };
+        assert!(hami_pod_gpus(&BTreeMap::new()).is_empty(), "no annotations");
+        let with = |k: &str, v: &str| hami_pod_gpus(&BTreeMap::from([(k.into(), v.into())]));
         assert_eq!(
-            with("GPU-a,NVIDIA,1024,0:GPU-b,NVIDIA,1024,0:;;GPU-a,NVIDIA,2048,30:;"),
+            with(
+                HAMI_POD_ALLOCATED,
+                "GPU-a,NVIDIA,1024,0:GPU-b,NVIDIA,1024,0:;;GPU-a,NVIDIA,2048,30:;"
+            ),
             ["GPU-a", "GPU-b", "GPU-a"]
         );
-        assert!(with("not a record").is_empty());
-        assert!(with("").is_empty());
-        pod.annotations = BTreeMap::from([(
-            "volcano.sh/vgpu-ids-new".to_string(),
-            "GPU-a,NVIDIA,1024,0:;".to_string(),
-        )]);
+        assert!(with(HAMI_POD_ALLOCATED, "not a record").is_empty());
+        assert!(with(HAMI_POD_ALLOCATED, "").is_empty());
         assert!(
-            hami_pod_gpus(&pod).is_empty(),
+            with("volcano.sh/vgpu-ids-new", "GPU-a,NVIDIA,1024,0:;").is_empty(),
             "only the HAMi record counts"
         );
     }

@@ -252,15 +252,23 @@ pub fn why_not_executing(s: &Situation) -> String {
             .get(Skip::SchedulerNotBinpacking.code())
             .copied()
             .unwrap_or(0);
+        let mut why = "no move would reduce fragmentation within the limits".to_string();
         if other_scheduler > 0 {
-            format!(
-                "no move would reduce fragmentation within the limits; {other_scheduler} GPU \
-                 pods stay put because a scheduler not listed in safety.binpackSchedulers \
-                 placed them (skip scheduler-not-binpacking; docs/scheduler.md)"
-            )
-        } else {
-            "no move would reduce fragmentation within the limits".to_string()
+            why += &format!(
+                "; {other_scheduler} GPU pods stay put because a scheduler not listed in \
+                 safety.binpackSchedulers placed them (skip scheduler-not-binpacking; \
+                 docs/scheduler.md)"
+            );
         }
+        let settling = &s.plan.settling_nodes;
+        if !settling.is_empty() {
+            why += &format!(
+                "; {} nodes receive no pod yet: {}",
+                settling.len(),
+                crate::render::settling_text(settling, 3)
+            );
+        }
+        why
     } else {
         "this window's run has finished".to_string()
     }
@@ -930,6 +938,21 @@ mod tests {
         let why = why_not_executing(&sit(true, None, open, &others, 0.0));
         assert!(
             why.contains("7 GPU pods stay put") && why.contains("safety.binpackSchedulers"),
+            "{why}"
+        );
+        // Nodes that receive nothing yet (a new cluster): named, a few, with why.
+        let mut young = empty.clone();
+        young.settling_nodes = (0..5)
+            .map(|i| gpu_defrag_core::plan::SettlingNode {
+                node: format!("gpu-{i}"),
+                why: "Ready for 2m, under safety.minNodeAge 5m".into(),
+            })
+            .collect();
+        let why = why_not_executing(&sit(true, None, open, &young, 0.0));
+        assert!(
+            why.contains(
+                "; 5 nodes receive no pod yet: gpu-0 (Ready for 2m, under safety.minNodeAge 5m), "
+            ) && why.ends_with("… 2 more"),
             "{why}"
         );
         let s = sit(true, None, open, &one, 0.0);

@@ -204,7 +204,7 @@ impl Waits {
                     return false;
                 };
                 let node = r.node_name.as_deref().unwrap_or_default();
-                if let Some(on_gpu) = fences.hit(node, &ingest::hami_pod_gpus(r)) {
+                if let Some(on_gpu) = fences.hit(node, &ingest::hami_pod_gpus(&r.annotations)) {
                     rec.bounced += 1;
                     metrics.eviction(policy, "bounced");
                     backed_off.insert(w.owner.clone());
