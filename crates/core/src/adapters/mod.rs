@@ -411,13 +411,19 @@ fn shape_of(devs: &[(usize, Milli)]) -> Option<GpuShape> {
 }
 
 /// Merges entries naming the same device (several containers on one GPU).
-fn merge(devs: Vec<(usize, Milli)>) -> Vec<(usize, Milli)> {
-    let mut m: BTreeMap<usize, Milli> = BTreeMap::new();
-    for (i, v) in devs {
-        let e = m.entry(i).or_default();
-        *e = (*e + v).min(GPU_MILLI);
+fn merge(mut devs: Vec<(usize, Milli)>) -> Vec<(usize, Milli)> {
+    devs.sort_by_key(|d| d.0);
+    devs.dedup_by(|next, kept| {
+        let same = next.0 == kept.0;
+        if same {
+            kept.1 = kept.1.saturating_add(next.1);
+        }
+        same
+    });
+    for d in &mut devs {
+        d.1 = d.1.min(GPU_MILLI);
     }
-    m.into_iter().collect()
+    devs
 }
 
 /// Gives the node `count` whole GPUs keyed by index (at most
@@ -591,6 +597,16 @@ mod tests {
         ]
         .into();
         assert_eq!(all, want);
+    }
+
+    #[test]
+    fn entries_naming_one_device_merge_in_device_order_at_most_one_gpu() {
+        assert_eq!(merge(vec![]), []);
+        assert_eq!(
+            merge(vec![(3, 300), (1, 200), (3, 400), (1, 900), (2, 5)]),
+            [(1, GPU_MILLI), (2, 5), (3, 700)]
+        );
+        assert_eq!(merge(vec![(0, u32::MAX), (0, u32::MAX)]), [(0, GPU_MILLI)]);
     }
 
     #[test]
