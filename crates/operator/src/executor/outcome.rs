@@ -73,6 +73,24 @@ pub fn landed(rec: &mut RunRecord, uid: &str) {
     rec.in_flight.retain(|f| f.uid != uid);
 }
 
+/// An eviction recorded as in flight by an earlier process that never took effect (the
+/// pod `key` with `uid` is still there, not terminating, on `node`): it no longer counts as
+/// evicted, nor against the node's limit; it counts as failed.
+pub fn not_evicted(rec: &mut RunRecord, key: &str, uid: &str, node: &str) {
+    rec.in_flight.retain(|f| f.uid != uid);
+    if let Some(i) = rec.evicted_pods.iter().rposition(|p| p == key) {
+        rec.evicted_pods.remove(i);
+        rec.evicted = rec.evicted.saturating_sub(1);
+        if let Some(n) = rec.evicted_per_node.get_mut(node) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                rec.evicted_per_node.remove(node);
+            }
+        }
+    }
+    rec.failed += 1;
+}
+
 /// Settles the record once the API server's answer is known. `before` is the record as it
 /// was before [`count_eviction`]: only an answer from the API server says the eviction did
 /// not happen; without one it may have, so the record keeps it (the limits count it and a

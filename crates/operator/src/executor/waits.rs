@@ -150,6 +150,12 @@ pub fn pending_gpu_pods(
         .count()
 }
 
+/// How long after a run resumes an eviction its last process recorded as in flight is
+/// held to have not happened, when the pod is still there and not terminating: the API
+/// server's default request timeout (`--request-timeout`, 1 minute), past which a request
+/// of the dead process cannot still be at work.
+pub const NOT_EVICTED_AFTER: Duration = Duration::from_secs(60);
+
 /// The run's waits, and the workloads it stopped moving because a replacement bounced.
 pub struct Waits {
     /// Evictions whose replacement is not Ready yet.
@@ -158,6 +164,8 @@ pub struct Waits {
     pub backed_off: HashSet<Workload>,
     /// How long a replacement may take.
     pub timeout: Duration,
+    /// [`NOT_EVICTED_AFTER`] (shorter in tests).
+    pub not_evicted_after: Duration,
 }
 
 impl Waits {
@@ -167,6 +175,7 @@ impl Waits {
             open: Vec::new(),
             backed_off: HashSet::new(),
             timeout,
+            not_evicted_after: NOT_EVICTED_AFTER,
         }
     }
 
@@ -183,7 +192,10 @@ impl Waits {
     }
 
     /// Checks the waits: a Ready replacement ends a wait (a bounce if it landed on a
-    /// fence: counted in `rec`, its workload backed off); a wait older than the timeout
+    /// fence: counted in `rec`, its workload backed off); a resumed wait whose pod is still
+    /// there, not terminating, [`Waits::not_evicted_after`] after the run resumed ends too:
+    /// that eviction never took effect (the last process died before or while asking for
+    /// it), and the record says so (not evicted, failed); a wait older than the timeout
     /// stalls the run.
     pub fn settle(
         &mut self,
@@ -195,9 +207,22 @@ impl Waits {
     ) -> Result<(), Stop> {
         let mut stalled = None;
         let timeout = self.timeout;
+        let not_evicted_after = self.not_evicted_after;
         let backed_off = &mut self.backed_off;
         self.open.retain(|w| {
             let candidates = pods_of_owner(pods, &w.namespace, &w.owner);
+            if w.resumed
+                && w.since.elapsed() >= not_evicted_after
+                && let Some(still) = candidates
+                    .iter()
+                    .find(|p| p.uid == w.evicted_uid && !p.deleting)
+            {
+                let node = still.node_name.as_deref().unwrap_or_default();
+                warn!(pod = %w.pod, node = %node, "an eviction the last process recorded as in flight never took effect: the pod is still there, not terminating");
+                outcome::not_evicted(rec, &w.pod, &w.evicted_uid, node);
+                metrics.eviction(policy, "failed");
+                return false;
+            }
             if let Some(replacement) = w.replaced(&candidates) {
                 outcome::landed(rec, &w.evicted_uid);
                 let Some(r) = replacement else {
@@ -296,6 +321,52 @@ mod tests {
         assert_eq!(settle(&mut waits, &mut rec), Ok(()));
         assert!(waits.open.is_empty());
         assert!(rec.in_flight.is_empty());
+    }
+
+    #[test]
+    fn a_resumed_eviction_that_never_took_effect_is_settled_not_waited_for() {
+        let (pods, mut writer) = kube::runtime::reflector::store::<CachedPod>();
+        let flight = InFlightEviction {
+            pod: "ml/web-1-a".into(),
+            uid: "a".into(),
+            owner: "ReplicaSet/web-1".into(),
+        };
+        let mut rec = RunRecord {
+            evicted: 2,
+            evicted_pods: vec!["ml/web-1-a".into(), "ml/other".into()],
+            evicted_per_node: [("n2".to_string(), 2)].into(),
+            in_flight: vec![flight.clone()],
+            ..Default::default()
+        };
+        // The evicted pod is still there, Running and not terminating.
+        apply(&mut writer, pod("web-1-a", "a", true, false));
+        let mut waits = Waits::resumed(Duration::from_secs(600), std::slice::from_ref(&flight));
+        let settle = |waits: &mut Waits, rec: &mut RunRecord| {
+            waits.settle(&pods, &Metrics::new(), "p", &Fences::default(), rec)
+        };
+        // Within the grace its eviction may still be at work on the API server: waiting.
+        assert_eq!(settle(&mut waits, &mut rec), Ok(()));
+        assert_eq!(waits.open.len(), 1);
+        assert_eq!(rec.evicted, 2);
+        // Past it, the eviction never happened: not waited for, not counted as evicted.
+        waits.not_evicted_after = Duration::ZERO;
+        assert_eq!(settle(&mut waits, &mut rec), Ok(()));
+        assert!(waits.open.is_empty());
+        assert!(rec.in_flight.is_empty());
+        assert_eq!((rec.evicted, rec.failed), (1, 1));
+        assert_eq!(rec.evicted_pods, ["ml/other"]);
+        assert_eq!(rec.evicted_per_node["n2"], 1);
+        // A terminating pod was evicted: its wait goes on.
+        let mut waits = Waits::resumed(Duration::from_secs(600), std::slice::from_ref(&flight));
+        waits.not_evicted_after = Duration::ZERO;
+        apply(&mut writer, pod("web-1-a", "a", true, true));
+        let mut rec = RunRecord {
+            in_flight: vec![flight.clone()],
+            ..Default::default()
+        };
+        assert_eq!(settle(&mut waits, &mut rec), Ok(()));
+        assert_eq!(waits.open.len(), 1);
+        assert_eq!(rec.failed, 0);
     }
 
     #[test]
