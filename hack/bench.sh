@@ -292,24 +292,30 @@ the division; the planner measured slower with the branches), not returning free
 memory to the OS (`MIMALLOC_PURGE_DELAY=-1`: page faults per reconcile drop from about
 4,700 to none, CPU time unchanged), an unstable sort of the pods' keys (slower than the
 stable one here).
-Then (same plan and fragment rate; measured on a slower day of the machine — the build before
-measured 2.53–2.81 s — so old and new builds were compared in alternating runs): the pod
-cache holds each pod's projection (`compact::CompactPod` in core, `objects::CachedPod` in
-the reflector store: the metadata, the controller reference, the scheduling fields
-already converted, the volume kinds as flags, the DRA claims, phase, Ready, start time,
-and the requests read once — merged per container, CPU and memory parsed — when the watch
-event arrives) instead of trimmed `Pod` objects, and the model (snapshots included) is
-built from it: reconcile CPU **2.53–2.81 → 1.98–2.16 s**, peak RSS **1906 → 876 MiB**
-(the caches after generation 1656 → 633 MiB). The projection costs 0.18 s per 200,000
-pods (`projectionSeconds`), paid once per watch event, not per reconcile. The executor
-finds a planned pod in the cache by its key instead of scanning it. Not returning freed
-memory (`MIMALLOC_PURGE_DELAY=-1`) measured 3–7% less CPU here and was left off. Memory:
-**met**. CPU: at the target, not under it with margin (five-run medians 1.98–2.16 s
-across runs this session): the model (1.1 s: per pod about ten strings and maps
-copied into the model, the HAMi records parsed again on every reconcile, the (namespace,
-name) sort of the cache's references) plus report + plan (0.95 s, `plan::State::eval`
-three quarters of it). Sharing the strings between cache and model (`Arc<str>`) and
-keeping each pod's resolved GPU record between reconciles are what is left.
+Then (same plan and fragment rate; measured on a slower day of the machine — the build
+before measured 2.53–3.24 s that day against 2.06 s the day before — so old and new
+builds were compared in alternating runs): the pod cache holds each pod's projection
+(`compact::CompactPod` in core, `objects::CachedPod` in the reflector store: the
+metadata, the controller reference, the scheduling fields already converted, the volume
+kinds as flags, the DRA claims, phase, Ready, start time, and the requests read once —
+merged per container, CPU and memory parsed — when the watch event arrives) instead of
+trimmed `Pod` objects, and the model (snapshots included) is built from it; several
+devices of one pod are merged by a sort in place, not a map per pod. In nine
+alternating pairs the reconcile took **0.75–0.82× the CPU** of the build before
+(2.53–3.24 → 1.98–2.52 s; the JSON above is from the last run) and peak RSS fell
+**1906 → 876–902 MiB** (the caches after generation 1656 → 633 MiB). The projection
+costs 0.18–0.32 s per 200,000 pods (`projectionSeconds`), paid once per watch event, not
+per reconcile. The executor finds a planned pod in the cache by its key instead of
+scanning it. Not returning freed memory (`MIMALLOC_PURGE_DELAY=-1`) measured 3–7% less
+CPU here and was left off. Memory: **met**. CPU: **not met** on this machine today
+(2.0–2.5 s; the ratio suggests about 1.6 s on the day the build before measured 2.06 s,
+not verified): the model (1.1 s: per pod about ten strings and maps copied into the
+model, the HAMi records parsed again on every reconcile, the (namespace, name) sort of
+the cache's references) plus report + plan (1.0 s, `plan::State::eval` three quarters
+of it). Sharing the strings between cache and model (`Arc<str>`) and keeping each pod's
+resolved GPU record between reconciles are what is left. Peak memory by cluster size
+(same command, `--nodes P/20 --pods P --reps 3`): 133 MiB at 20,000 pods, 249 MiB at
+50,000, 477 MiB at 100,000 (docs/install.md sizes the Deployment from these).
 RECONCILENOTE
 
   cat <<'FINDINGS'
