@@ -13,21 +13,11 @@ use k8s_openapi::api::core::v1 as corev1;
 
 pub use crate::adapters::Requests;
 use crate::dra::PodClaims;
-use crate::model::{NodeSelectorRequirement, Phase, Toleration};
+use crate::model::{NodeSelectorRequirement, Owner, Phase, Toleration};
+use crate::workload;
 
 /// The annotation `kubectl apply` keeps the whole last applied object in: never read.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-
-/// The controller of a pod: its `ownerReferences` entry with `controller: true`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ControllerRef {
-    /// `apiVersion`.
-    pub api_version: String,
-    /// `kind`.
-    pub kind: String,
-    /// `name`.
-    pub name: String,
-}
 
 /// A pod, projected to what the model and the executor read.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -48,8 +38,8 @@ pub struct CompactPod {
     pub labels: BTreeMap<String, String>,
     /// `metadata.annotations`, but `kubectl apply`'s copy of the object.
     pub annotations: BTreeMap<String, String>,
-    /// The controller among `metadata.ownerReferences`.
-    pub controller: Option<ControllerRef>,
+    /// The controller among `metadata.ownerReferences` (its API group, kind and name).
+    pub controller: Option<Owner>,
     /// `spec.nodeName`.
     pub node_name: Option<String>,
     /// `spec.schedulerName`.
@@ -122,8 +112,8 @@ impl CompactPod {
                 .iter()
                 .flatten()
                 .find(|o| o.controller == Some(true))
-                .map(|o| ControllerRef {
-                    api_version: o.api_version.clone(),
+                .map(|o| Owner {
+                    group: workload::api_group(&o.api_version),
                     kind: o.kind.clone(),
                     name: o.name.clone(),
                 }),

@@ -18,8 +18,7 @@ use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::adapters::{
-    self, ADAPTERS, DraPodInput, NodeCtx, NodeInput, PodInput, Requests, Resolved, alloc_quantity,
-    unknown,
+    self, ADAPTERS, DraPodInput, NodeCtx, NodeInput, PodInput, Resolved, alloc_quantity, unknown,
 };
 use crate::compact::{CompactPod, to_chrono};
 use crate::dra::{self, Inventory, PodClaims};
@@ -268,18 +267,13 @@ fn base_pod<'p>(
     p: &'p CompactPod,
     node_index: &HashMap<&str, usize>,
     label_sets: &mut LabelSets<'p>,
-) -> (Pod, &'p Requests) {
+) -> Pod {
     let req = &p.requests;
     let node_name = p.node_name.clone().filter(|n| !n.is_empty());
     let node = node_name
         .as_deref()
         .and_then(|n| node_index.get(n).copied());
-    let owner = p.controller.as_ref().map(|o| Owner {
-        group: workload::api_group(&o.api_version),
-        kind: o.kind.clone(),
-        name: o.name.clone(),
-    });
-    let pod = Pod {
+    Pod {
         namespace: p.namespace.clone(),
         name: p.name.clone(),
         uid: p.uid.clone(),
@@ -301,7 +295,7 @@ fn base_pod<'p>(
         mem: req.mem,
         priority: p.priority.unwrap_or(0),
         priority_class: p.priority_class_name.clone(),
-        owner,
+        owner: p.controller.clone(),
         workload: None,
         gang: None,
         started: p.started,
@@ -318,8 +312,7 @@ fn base_pod<'p>(
         affinity: p.affinity.clone(),
         tolerations: p.tolerations.clone(),
         models: models_of(p),
-    };
-    (pod, req)
+    }
 }
 
 /// A pod's allocation: resolved by the first adapter that recognises the pod.
@@ -453,14 +446,14 @@ pub fn build_cluster_from(mut objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) 
     let mut replicas: Vec<(usize, u32)> = Vec::new(); // (pod index, replicas held)
     let mut dra_pods = 0usize; // pods with DRA claims or DRA-backed extended resources
     let mut label_sets = LabelSets::with_capacity(objs.pods.len());
+    let no_claims = PodClaims::default();
     for &p in &objs.pods {
-        let (mut pod, req) = base_pod(p, &node_index, &mut label_sets);
-        let annotations = &p.annotations;
+        let mut pod = base_pod(p, &node_index, &mut label_sets);
+        let (req, annotations) = (&p.requests, &p.annotations);
         pod.workload = index.workload(&pod.namespace, pod.owner.as_ref(), &pod.labels);
         pod.gang = index.gang(&pod.namespace, &pod.labels, annotations);
         let node = pod.node.map(|i| (&nodes[i], &ctxs[i]));
         let active = pod.is_active_bound() && pod.node.is_some();
-        let no_claims = PodClaims::default();
         let claims = if inv.present() { &p.claims } else { &no_claims };
         let dra_ext = inv.present()
             && inv

@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use crate::frag::{self, Capacity, Totals};
 use crate::model::*;
-use crate::policy::{Policy, TargetShape, parse_duration};
+use crate::policy::{Policy, TargetShape, duration_text, parse_duration};
 use crate::sched;
 
 /// Why a pod is not movable. Codes are stable (status, metrics, docs); a `Skip`
@@ -748,27 +748,10 @@ pub fn settling(node: &Node, policy: &Policy, now: Option<DateTime<Utc>>) -> Opt
     (age < policy.min_node_age).then(|| {
         format!(
             "Ready for {}, under safety.minNodeAge {}",
-            whole_seconds(age),
-            whole_seconds(policy.min_node_age)
+            duration_text(age),
+            duration_text(policy.min_node_age)
         )
     })
-}
-
-/// A duration as `1h2m3s` (whole seconds; `0s` for none).
-fn whole_seconds(d: std::time::Duration) -> String {
-    let s = d.as_secs();
-    let (h, m, s) = (s / 3600, s / 60 % 60, s % 60);
-    let mut out = String::new();
-    if h > 0 {
-        out += &format!("{h}h");
-    }
-    if m > 0 {
-        out += &format!("{m}m");
-    }
-    if s > 0 || out.is_empty() {
-        out += &format!("{s}s");
-    }
-    out
 }
 
 #[derive(Debug, Clone)]

@@ -153,6 +153,23 @@ impl Default for Policy {
     }
 }
 
+/// A duration as `1h2m3s` (whole seconds; `0s` for none), as [`parse_duration`] reads it.
+pub fn duration_text(d: Duration) -> String {
+    let s = d.as_secs();
+    let (h, m, s) = (s / 3600, s / 60 % 60, s % 60);
+    let mut out = String::new();
+    if h > 0 {
+        out += &format!("{h}h");
+    }
+    if m > 0 {
+        out += &format!("{m}m");
+    }
+    if s > 0 || out.is_empty() {
+        out += &format!("{s}s");
+    }
+    out
+}
+
 /// Parses a Go-style duration (`90s`, `1h30m`, `500ms`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();

@@ -268,19 +268,7 @@ impl IdleConfig {
 
     /// The lookback as status shows it (`4h`, `15s`, `1h30m`).
     pub fn lookback_text(&self) -> String {
-        let s = self.lookback.as_secs();
-        let (h, m, sec) = (s / 3600, s % 3600 / 60, s % 60);
-        let mut out = String::new();
-        if h > 0 {
-            out += &format!("{h}h");
-        }
-        if m > 0 {
-            out += &format!("{m}m");
-        }
-        if sec > 0 || out.is_empty() {
-            out += &format!("{sec}s");
-        }
-        out
+        gpu_defrag_core::policy::duration_text(self.lookback)
     }
 }
 
