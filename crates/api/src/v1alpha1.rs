@@ -123,6 +123,55 @@ pub struct DefragPolicySpec {
     /// Safety rules that decide which pods are movable at all.
     #[serde(default)]
     pub safety: Safety,
+
+    /// Where the replacement of an evicted pod lands: on the node the plan chose for it
+    /// (`Nominate`, default) or wherever the scheduler puts it (`Scheduler`).
+    #[serde(default)]
+    pub landing: Landing,
+}
+
+/// Landing control: the replacement of an evicted pod is held at creation (scheduling gate
+/// `gpu-defrag.io/landing`, added by the API server's own MutatingAdmissionPolicy only
+/// for the workloads with an eviction in flight), nominated onto the move's planned node
+/// (`status.nominatedNodeName`) and released; kube-scheduler tries the nominated node
+/// first and schedules the pod normally when it does not fit any more.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Landing {
+    /// `Nominate` (default): hold, nominate, release. `Scheduler`: no hold; the scheduler
+    /// alone chooses where replacements land (the behaviour before landing control).
+    #[serde(default)]
+    pub mode: LandingMode,
+    /// The longest a replacement is held before it is released un-nominated, whatever
+    /// the operator is doing (1s to 5m). Default 30s.
+    #[serde(default = "default_hold_timeout")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m))+$"), length(max = 32))]
+    pub hold_timeout: String,
+}
+
+impl Default for Landing {
+    fn default() -> Self {
+        Self {
+            mode: LandingMode::default(),
+            hold_timeout: default_hold_timeout(),
+        }
+    }
+}
+
+fn default_hold_timeout() -> String {
+    "30s".into()
+}
+
+/// Nominate or Scheduler.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, schemars::JsonSchema,
+)]
+pub enum LandingMode {
+    /// Hold each replacement, nominate its planned node, release it.
+    #[default]
+    Nominate,
+    /// Leave landing to the scheduler.
+    Scheduler,
 }
 
 /// DryRun or Enforce.
@@ -756,6 +805,13 @@ pub struct RunRecord {
     pub blocked: i64,
     /// Replacements that landed back on a fenced unit.
     pub bounced: i64,
+    /// Replacements that landed on the node the plan chose for them.
+    #[serde(default)]
+    pub landed_as_planned: i64,
+    /// Replacements that landed on another node (nomination refused or not made, the
+    /// target taken meanwhile, or landing left to the scheduler).
+    #[serde(default)]
+    pub landed_elsewhere: i64,
     /// Evictions that failed otherwise.
     pub failed: i64,
     /// Planned evictions not sent: the pod was no longer safe to move when its turn came

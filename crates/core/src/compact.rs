@@ -58,6 +58,11 @@ pub struct CompactPod {
     pub pvc: bool,
     /// A generic `ephemeral` volume.
     pub ephemeral_volume: bool,
+    /// Required inter-pod affinity or anti-affinity, or a `DoNotSchedule` topology spread
+    /// constraint: a scheduler filter the planner does not model.
+    pub inter_pod_constraints: bool,
+    /// Carries the scheduling gate of landing control ([`LANDING_GATE`]).
+    pub landing_gated: bool,
     /// `spec.resourceClaims` and their status (Dynamic Resource Allocation).
     pub claims: PodClaims,
     /// `spec.nodeSelector`.
@@ -132,6 +137,10 @@ impl CompactPod {
             }),
             pvc: volumes().any(|v| v.persistent_volume_claim.is_some()),
             ephemeral_volume: volumes().any(|v| v.ephemeral.is_some()),
+            inter_pod_constraints: spec.is_some_and(inter_pod_constraints),
+            landing_gated: spec
+                .and_then(|s| s.scheduling_gates.as_ref())
+                .is_some_and(|g| g.iter().any(|g| g.name == LANDING_GATE)),
             claims: PodClaims::of(p),
             node_selector: spec
                 .and_then(|s| s.node_selector.clone())
@@ -187,6 +196,34 @@ impl CompactPod {
             ..Default::default()
         }
     }
+}
+
+/// The scheduling gate landing control holds a replacement with until it is nominated.
+pub const LANDING_GATE: &str = "gpu-defrag.io/landing";
+
+/// Whether a pod has required inter-pod affinity or anti-affinity or a `DoNotSchedule`
+/// topology spread constraint (whenUnsatisfiable defaults to `DoNotSchedule`).
+fn inter_pod_constraints(spec: &corev1::PodSpec) -> bool {
+    let a = spec.affinity.as_ref();
+    let required = a
+        .and_then(|a| a.pod_affinity.as_ref())
+        .and_then(|x| {
+            x.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .is_some_and(|t| !t.is_empty())
+        || a.and_then(|a| a.pod_anti_affinity.as_ref())
+            .and_then(|x| {
+                x.required_during_scheduling_ignored_during_execution
+                    .as_ref()
+            })
+            .is_some_and(|t| !t.is_empty());
+    let spread = spec
+        .topology_spread_constraints
+        .iter()
+        .flatten()
+        .any(|c| c.when_unsatisfiable != "ScheduleAnyway");
+    required || spread
 }
 
 /// The terms of a pod's required node affinity.

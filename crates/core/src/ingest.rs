@@ -306,6 +306,7 @@ fn base_pod<'p>(
         local_storage: p.local_storage,
         pvc: p.pvc,
         ephemeral_volume: p.ephemeral_volume,
+        inter_pod_constraints: p.inter_pod_constraints,
         resource_claims: !p.claims.spec.is_empty(),
         claim_source: ClaimSource::None,
         node_selector: p.node_selector.clone(),

@@ -497,6 +497,9 @@ pub struct Pod {
     pub pvc: bool,
     /// Has a generic ephemeral volume (a PVC made for the pod).
     pub ephemeral_volume: bool,
+    /// Required inter-pod affinity or anti-affinity, or a `DoNotSchedule` topology spread
+    /// constraint (not modelled by the planner).
+    pub inter_pod_constraints: bool,
     /// Has `spec.resourceClaims` (Dynamic Resource Allocation).
     pub resource_claims: bool,
     /// Where its DRA devices come from, for the move rules ([`ClaimSource::None`] when

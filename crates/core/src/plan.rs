@@ -96,6 +96,10 @@ pub enum Skip {
     WorkloadUnavailable,
     /// The only Ready replica of its workload, and no PDB allows its disruption.
     LastReadyReplica,
+    /// With landing control on, its replacement would be nominated onto a node the plan
+    /// cannot fully check: it has required inter-pod affinity or anti-affinity or a
+    /// `DoNotSchedule` topology spread constraint, which the planner does not model.
+    NoTarget,
 }
 
 impl Skip {
@@ -135,6 +139,7 @@ impl Skip {
             Skip::PdbStale => "pdb-stale",
             Skip::WorkloadUnavailable => "workload-unavailable",
             Skip::LastReadyReplica => "last-ready-replica",
+            Skip::NoTarget => "no-target",
         }
     }
 
@@ -159,6 +164,7 @@ impl Skip {
         Skip::LocalStorage,
         Skip::Pvc,
         Skip::EphemeralVolume,
+        Skip::NoTarget,
         Skip::SharedClaim,
         Skip::NamedClaim,
         Skip::ResourceClaim,
@@ -553,6 +559,9 @@ fn movable_but_pdbs(
     }
     if pod.ephemeral_volume && !policy.evict_ephemeral_volume_pods {
         return Err(Skip::EphemeralVolume);
+    }
+    if pod.inter_pod_constraints && policy.landing_control {
+        return Err(Skip::NoTarget);
     }
     match &pod.claim_source {
         ClaimSource::Movable => {}

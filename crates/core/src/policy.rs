@@ -1,7 +1,7 @@
 //! The parts of a DefragPolicy the pure core uses, parsed and checked once.
 use std::time::Duration;
 
-use gpu_defrag_api::v1alpha1::DefragPolicySpec;
+use gpu_defrag_api::v1alpha1::{DefragPolicySpec, LandingMode};
 
 use crate::formats;
 use crate::ingest::label_selector;
@@ -143,6 +143,10 @@ pub struct Policy {
     pub reschedule_timeout: Duration,
     /// Pending GPU pods that stop a run.
     pub max_pending_gpu_pods: u32,
+    /// Landing control: replacements are held and nominated onto their planned node.
+    pub landing_control: bool,
+    /// The longest a replacement is held.
+    pub hold_timeout: Duration,
 }
 
 impl Default for Policy {
@@ -350,8 +354,20 @@ impl Policy {
             reschedule_timeout: parse_duration(&s.reschedule_timeout)
                 .map_err(|m| err("spec.safety.rescheduleTimeout", m))?,
             max_pending_gpu_pods: nonneg("spec.safety.maxPendingGpuPods", s.max_pending_gpu_pods)?,
+            landing_control: spec.landing.mode == LandingMode::Nominate,
+            hold_timeout: hold_timeout(&spec.landing.hold_timeout)?,
         })
     }
+}
+
+/// Reads `landing.holdTimeout`: 1s to 5m.
+fn hold_timeout(text: &str) -> Result<Duration, PolicyError> {
+    let field = "spec.landing.holdTimeout";
+    let d = parse_duration(text).map_err(|m| err(field, m))?;
+    if d < Duration::from_secs(1) || d > Duration::from_secs(300) {
+        return Err(err(field, format!("{text:?} is outside 1s..5m")));
+    }
+    Ok(d)
 }
 
 /// Checks `safety.movableOwnerKinds` entries: `group/Kind` or `Kind`.

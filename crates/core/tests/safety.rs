@@ -1070,7 +1070,8 @@ fn variant_count(s: Skip) -> usize {
         | Skip::SharedClaim
         | Skip::PdbStale
         | Skip::WorkloadUnavailable
-        | Skip::LastReadyReplica => 33,
+        | Skip::LastReadyReplica
+        | Skip::NoTarget => 34,
     }
 }
 

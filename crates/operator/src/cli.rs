@@ -33,6 +33,19 @@ pub enum LogFormat {
     Json,
 }
 
+/// Where landing control keeps its ConfigMap (docs/operator.md#landing-control).
+#[derive(clap::Args, Debug)]
+pub struct LandingArgs {
+    /// Namespace of the landing-control ConfigMap: the one the MutatingAdmissionPolicy
+    /// binding of config/landing reads (`paramRef.namespace`).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "gpu-defrag-system")]
+    pub landing_namespace: String,
+    /// Name of the landing-control ConfigMap; also the value of the
+    /// `gpu-defrag.io/landing` label on the pods it holds. One per operator install.
+    #[arg(long, default_value = "gpu-defrag-landing")]
+    pub landing_configmap: String,
+}
+
 #[derive(Subcommand)]
 pub enum Cmd {
     /// Print the DefragPolicy CRD as YAML.
@@ -84,6 +97,8 @@ pub enum Cmd {
         /// Name of the Lease.
         #[arg(long, default_value = "gpu-defrag-leader")]
         lease_name: String,
+        #[command(flatten)]
+        landing: Box<LandingArgs>,
         /// Identity of this replica (defaults to the pod name or host name).
         #[arg(long, env = "POD_NAME")]
         identity: Option<String>,
@@ -164,6 +179,7 @@ pub fn run(cli: Cli, as_plugin: bool) -> anyhow::Result<()> {
             leader_elect,
             lease_namespace,
             lease_name,
+            landing,
             identity,
             lease_duration,
             policy_selector,
@@ -180,6 +196,21 @@ pub fn run(cli: Cli, as_plugin: bool) -> anyhow::Result<()> {
                 .into());
             }
             let idle = idle.config().map_err(input::InputError)?;
+            let label_value = |s: &str| {
+                !s.is_empty()
+                    && s.len() <= 63
+                    && s.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                    && s.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                    && s.chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            };
+            if !label_value(&landing.landing_configmap) {
+                return Err(input::InputError(format!(
+                    "--landing-configmap must be a DNS label of at most 63 characters, not {:?}",
+                    landing.landing_configmap
+                ))
+                .into());
+            }
             init_logs(log_format);
             let identity = identity
                 .or_else(|| std::env::var("HOSTNAME").ok())
@@ -225,6 +256,8 @@ pub fn run(cli: Cli, as_plugin: bool) -> anyhow::Result<()> {
                         identity,
                         policy_selector,
                         idle: idle.map(idle::IdleSource::new),
+                        landing_namespace: landing.landing_namespace,
+                        landing_configmap: landing.landing_configmap,
                     },
                 )
                 .await;

@@ -27,6 +27,7 @@ use tracing::warn;
 use crate::dra::DraObjects;
 use crate::idle::{IdleSource, IdleState, Measured};
 use crate::koord::Devices;
+use crate::landing::Landing;
 use crate::lease::LeaderState;
 use crate::metrics::Metrics;
 use crate::objects::CachedPod;
@@ -257,6 +258,8 @@ pub struct Ctx {
     pub dry_checks: Mutex<HashMap<String, (u64, Instant, DryRunCheck)>>,
     /// GPU activity from Prometheus (`--prometheus-url`), if configured.
     pub idle: Option<IdleSource>,
+    /// Landing control: the replacements expected, held and nominated.
+    pub landing: Arc<Landing>,
 }
 
 /// What the caches say at one instant, measured and planned for one policy.

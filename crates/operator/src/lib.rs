@@ -25,6 +25,7 @@ pub mod http;
 pub mod idle;
 pub mod input;
 pub mod koord;
+pub mod landing;
 pub mod lease;
 pub mod metrics;
 pub mod objects;

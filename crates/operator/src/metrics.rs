@@ -122,6 +122,7 @@ struct Seen {
     evictions: BTreeSet<String>,
     runs: BTreeSet<String>,
     errors: BTreeSet<String>,
+    landings: BTreeSet<String>,
 }
 
 struct Inner {
@@ -148,6 +149,9 @@ struct Inner {
     idle_alloc_gpus: Family<PolicyLabel, Gauge>,
     idle_alloc_milli: Family<PolicyLabel, Gauge>,
     idle_query_errors: Family<KindLabel, Counter>,
+    landings: Family<ResultLabels, Counter>,
+    landing_actions: Family<KindLabel, Counter>,
+    landing_stuck: Gauge,
     seen: Mutex<BTreeMap<String, Seen>>,
     /// `None` unless per-GPU series are enabled.
     gpu_used: Option<Family<GpuLabels, Gauge>>,
@@ -209,6 +213,9 @@ impl Metrics {
             idle_alloc_gpus: Family::default(),
             idle_alloc_milli: Family::default(),
             idle_query_errors: Family::default(),
+            landings: Family::default(),
+            landing_actions: Family::default(),
+            landing_stuck: Gauge::default(),
             seen: Mutex::default(),
             gpu_used: per_gpu.then(Family::default),
             gpus_seen: Mutex::default(),
@@ -322,6 +329,21 @@ impl Metrics {
             "Failed Prometheus queries for GPU activity, by kind",
             inner.idle_query_errors.clone(),
         );
+        r.register(
+            "landings",
+            "Replacements of evicted pods by where they landed: planned (the move's target node) or elsewhere",
+            inner.landings.clone(),
+        );
+        r.register(
+            "landing_actions",
+            "Landing control on held replacements, by kind: nominated, released (no nomination), timed_out, release_failed, nominate_failed",
+            inner.landing_actions.clone(),
+        );
+        r.register(
+            "landing_stuck_pods",
+            "Pods still held by the landing gate past their hold timeout (the gate could not be removed)",
+            inner.landing_stuck.clone(),
+        );
         if let Some(f) = &inner.gpu_used {
             r.register(
                 "gpu_used_milli",
@@ -386,6 +408,33 @@ impl Metrics {
                 m.idle_alloc_milli.remove(&l);
             }
         }
+    }
+
+    /// Counts where a replacement landed: `planned` or `elsewhere`.
+    pub fn landing(&self, policy_name: &str, result: &str) {
+        self.remember(policy_name, |s| &mut s.landings, result);
+        self.0
+            .landings
+            .get_or_create(&ResultLabels {
+                policy: policy_name.to_string(),
+                result: result.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts one landing-control action on a held pod (`kind`: a fixed word).
+    pub fn landing_action(&self, kind: &str) {
+        self.0
+            .landing_actions
+            .get_or_create(&KindLabel {
+                kind: kind.to_string(),
+            })
+            .inc();
+    }
+
+    /// Sets how many pods are held past their hold timeout.
+    pub fn set_landing_stuck(&self, pods: usize) {
+        self.0.landing_stuck.set(to_i64(pods as u64));
     }
 
     /// Counts a failed GPU activity query; `kind` is [`crate::idle::QueryError::kind`].
@@ -647,6 +696,12 @@ impl Metrics {
         }
         for kind in seen.errors {
             m.reconcile_errors.remove(&KindLabels { policy: p(), kind });
+        }
+        for result in seen.landings {
+            m.landings.remove(&ResultLabels {
+                policy: p(),
+                result,
+            });
         }
     }
 

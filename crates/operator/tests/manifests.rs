@@ -41,7 +41,15 @@ fn docs(path: &Path) -> Vec<Value> {
 /// All documents of the directories that hold Kubernetes objects or kustomizations.
 fn objects() -> Vec<(PathBuf, Value)> {
     let mut files = Vec::new();
-    for dir in ["crd", "default", "manager", "rbac", "samples", "scheduler"] {
+    for dir in [
+        "crd",
+        "default",
+        "landing",
+        "manager",
+        "rbac",
+        "samples",
+        "scheduler",
+    ] {
         yaml_files(&repo().join("config").join(dir), &mut files);
     }
     let mut out = Vec::new();
@@ -123,6 +131,9 @@ fn cluster_role_is_least_privilege() {
     let want: BTreeSet<_> = [
         grant("", "pods", &["get", "list", "watch"]),
         grant("", "pods/eviction", &["create"]),
+        // Landing control: the gate removed, the planned node nominated.
+        grant("", "pods", &["patch"]),
+        grant("", "pods/status", &["patch"]),
         grant("", "nodes", &["get", "list", "watch", "patch"]),
         grant("policy", "poddisruptionbudgets", &["get", "list", "watch"]),
         grant("events.k8s.io", "events", &["create", "patch"]),
@@ -245,11 +256,15 @@ fn leases_only_in_the_operator_namespace() {
     let objs = objects();
     let role = find(&objs, "Role", "gpu-defrag-leader-election");
     assert_eq!(role["metadata"]["namespace"], NAMESPACE);
-    let want: BTreeSet<_> = [grant(
-        "coordination.k8s.io",
-        "leases",
-        &["get", "create", "update"],
-    )]
+    let want: BTreeSet<_> = [
+        grant(
+            "coordination.k8s.io",
+            "leases",
+            &["get", "create", "update"],
+        ),
+        // Landing control's ConfigMap, in the operator's namespace only.
+        grant("", "configmaps", &["get", "create", "patch"]),
+    ]
     .into_iter()
     .collect();
     assert_eq!(grants(&role["rules"]), want);
@@ -261,6 +276,39 @@ fn leases_only_in_the_operator_namespace() {
             );
         }
     }
+}
+
+/// The landing gate is added by the API server's own admission policy, failing open, and
+/// only for workloads listed in the operator's ConfigMaps in its own namespace.
+#[test]
+fn the_landing_admission_policy_fails_open_and_reads_only_the_operator_configmaps() {
+    let objs = objects();
+    let map = find(&objs, "MutatingAdmissionPolicy", "gpu-defrag-landing");
+    assert_eq!(map["apiVersion"], "admissionregistration.k8s.io/v1");
+    assert_eq!(map["spec"]["failurePolicy"], "Ignore");
+    assert_eq!(map["spec"]["reinvocationPolicy"], "Never");
+    assert_eq!(map["spec"]["paramKind"]["kind"], "ConfigMap");
+    let rules = &map["spec"]["matchConstraints"]["resourceRules"];
+    assert_eq!(strs(&rules[0]["operations"]), ["CREATE"]);
+    assert_eq!(strs(&rules[0]["resources"]), ["pods"]);
+    let text = map["spec"].to_string();
+    assert!(text.contains("in params.data"), "{text}");
+    assert!(text.contains("gpu-defrag.io/landing"), "{text}");
+    let binding = find(
+        &objs,
+        "MutatingAdmissionPolicyBinding",
+        "gpu-defrag-landing",
+    );
+    assert_eq!(binding["spec"]["policyName"], "gpu-defrag-landing");
+    let p = &binding["spec"]["paramRef"];
+    assert_eq!(p["namespace"], NAMESPACE);
+    assert_eq!(p["parameterNotFoundAction"], "Allow");
+    assert_eq!(
+        p["selector"]["matchLabels"][gpu_defrag_operator::landing::PARAMS_LABEL],
+        "true"
+    );
+    let default = &docs(&repo().join("config/default/kustomization.yaml"))[0];
+    assert!(strs(&default["resources"]).contains(&"../landing".to_string()));
 }
 
 #[test]
@@ -378,7 +426,7 @@ fn kustomizations_list_existing_resources() {
     assert_eq!(default["namespace"], NAMESPACE);
     assert_eq!(
         strs(&default["resources"]),
-        ["../crd", "../rbac", "../manager"]
+        ["../crd", "../rbac", "../manager", "../landing"]
     );
 }
 

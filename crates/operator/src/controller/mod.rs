@@ -29,6 +29,7 @@ use crate::dra::DraObjects;
 use crate::executor::fences;
 use crate::idle::IdleSource;
 use crate::koord::Devices;
+use crate::landing::Landing;
 use crate::lease::LeaderState;
 use crate::metrics::Metrics;
 use crate::objects::{CachedPod, cached_pod_event, trim_node};
@@ -120,6 +121,10 @@ pub struct RunOptions {
     pub policy_selector: String,
     /// Allocated-but-idle GPUs from Prometheus (`--prometheus-url`).
     pub idle: Option<IdleSource>,
+    /// Namespace of the landing-control ConfigMap.
+    pub landing_namespace: String,
+    /// Name of the landing-control ConfigMap (and the label value of the pods it holds).
+    pub landing_configmap: String,
 }
 
 /// Starts the reflectors and the controller; returns when the controller stream ends.
@@ -231,7 +236,20 @@ pub async fn run(
         dry_checks: Mutex::new(HashMap::new()),
         idle: opts.idle.clone(),
         caches_ready: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        landing: Arc::new(Landing::new(
+            client.clone(),
+            &opts.landing_namespace,
+            &opts.landing_configmap,
+        )),
     });
+    // Landing control: held replacements nominated and released, every second.
+    tokio::spawn(ctx.landing.clone().run(
+        ctx.pods.clone(),
+        ctx.policies.clone(),
+        ctx.leader.clone(),
+        ctx.metrics.clone(),
+        ctx.caches_ready.clone(),
+    ));
     // GPU activity: refreshed in the background; a change reconciles every policy.
     if let Some(src) = opts.idle.clone() {
         let tx = tx.clone();
@@ -274,13 +292,15 @@ pub async fn run(
     });
     controller
         .shutdown_on_signal()
-        .run(reconcile_and_reset_backoff, error_policy, ctx)
+        .run(reconcile_and_reset_backoff, error_policy, ctx.clone())
         .for_each(|r| async move {
             if let Err(e) = r {
                 warn!(error = %e, "controller");
             }
         })
         .await;
+    // Nothing stays held by a process that stops.
+    ctx.landing.shutdown(&ctx.pods, &ctx.leader).await;
     Ok(())
 }
 

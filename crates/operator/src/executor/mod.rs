@@ -124,6 +124,23 @@ async fn run(
     resume: Option<RunRecord>,
     stop: StopRequest,
 ) -> Result<(), Error> {
+    let name = dp.name_any();
+    let landing = ctx.landing.clone();
+    let result = run_steps(ctx, dp, policy, window_end, resume, stop).await;
+    // Whatever the end, no replacement of this run is expected any more.
+    landing.forget_policy(&name);
+    result
+}
+
+/// The steps of [`run`].
+async fn run_steps(
+    ctx: Arc<Ctx>,
+    dp: Arc<DefragPolicy>,
+    policy: Policy,
+    window_end: DateTime<Utc>,
+    resume: Option<RunRecord>,
+    stop: StopRequest,
+) -> Result<(), Error> {
     let (mut run, steps) = Run::plan(ctx, dp, policy, window_end, resume, stop).await;
     // 1. Record first, so a restart can resume or clean up.
     run.record_start().await?;
@@ -356,15 +373,20 @@ impl Run {
         self.stop.requested().map(Stop::Requested)
     }
 
-    /// Checks the waits once.
+    /// Checks the waits once; the replacements no longer waited for are no longer
+    /// expected by landing control.
     fn settle(&mut self) -> Result<(), Stop> {
-        self.waits.settle(
+        let r = self.waits.settle(
             &self.ctx.pods,
             &self.ctx.metrics,
             &self.name,
             &self.fences,
             &mut self.rec,
-        )
+        );
+        for uid in self.waits.ended.drain(..) {
+            self.ctx.landing.settle(&uid);
+        }
+        r
     }
 
     /// Waits until fewer than `maxInFlight` replacements are pending, and fewer than
@@ -499,6 +521,14 @@ impl Run {
         };
         outcome::count_eviction(&mut self.rec, m, flight);
         self.write().await?;
+        // Landing control: the replacement is held at creation and nominated onto the
+        // planned node (when the expectation cannot be written, it is not held).
+        if self.policy.landing_control && !m.to_node.is_empty() {
+            self.ctx
+                .landing
+                .expect(&self.name, &pod.namespace, &owner, &step.uid, &m.to_node)
+                .await;
+        }
         let mut result = self.evictor.evict(m, pod, &step.uid).await;
         if let EvictionResult::Unanswered(e) = &result {
             warn!(policy = %self.name, pod = %m.pod, error = %e, "eviction unanswered; looking whether it happened");
@@ -507,9 +537,14 @@ impl Run {
             self.evictor.report(m, pod, &result).await;
         }
         outcome::account(&mut self.rec, before, &result);
+        if !matches!(result, EvictionResult::Evicted) {
+            self.ctx.landing.settle(&step.uid);
+        }
         match &result {
             EvictionResult::Evicted => {
-                self.waits.open.push(Wait::new(&m.pod, pod, owner, known));
+                self.waits
+                    .open
+                    .push(Wait::new(&m.pod, pod, owner, known, &m.to_node));
                 return Ok(None);
             }
             EvictionResult::Gone => {}

@@ -173,8 +173,12 @@ pub fn message(why: &str, cut: Option<&str>, rec: &RunRecord) -> String {
         0 => String::new(),
         n => format!(", skipped {n}"),
     };
+    let landed = match (rec.landed_as_planned, rec.landed_elsewhere) {
+        (0, 0) => String::new(),
+        (p, e) => format!(", landed as planned {p}, elsewhere {e}"),
+    };
     format!(
-        "{why}; evicted {}, blocked {}, bounced {}, failed {}{skipped}; fragment rate {:.3} → {:.3}, fully free GPUs {} → {}",
+        "{why}; evicted {}, blocked {}, bounced {}, failed {}{skipped}{landed}; fragment rate {:.3} → {:.3}, fully free GPUs {} → {}",
         rec.evicted,
         rec.blocked,
         rec.bounced,

@@ -43,6 +43,8 @@ pub struct Wait {
     /// known, so it ends once the evicted pod is gone and every pod of its workload is
     /// Ready.
     pub resumed: bool,
+    /// The node its move planned for the replacement (empty: none known).
+    pub to_node: String,
 }
 
 impl Wait {
@@ -56,9 +58,15 @@ impl Wait {
             .collect()
     }
 
-    /// A wait for the replacement of `pod` (`key`, of `owner`), evicted now; `known` as
-    /// [`Wait::known`] gave before the eviction.
-    pub fn new(key: &str, pod: &CompactPod, owner: Workload, known: HashSet<String>) -> Self {
+    /// A wait for the replacement of `pod` (`key`, of `owner`), evicted now, planned to land
+    /// on `to_node`; `known` as [`Wait::known`] gave before the eviction.
+    pub fn new(
+        key: &str,
+        pod: &CompactPod,
+        owner: Workload,
+        known: HashSet<String>,
+        to_node: &str,
+    ) -> Self {
         Wait {
             pod: key.to_string(),
             owner,
@@ -67,6 +75,7 @@ impl Wait {
             known,
             since: tokio::time::Instant::now(),
             resumed: false,
+            to_node: to_node.to_string(),
         }
     }
 
@@ -82,6 +91,7 @@ impl Wait {
             known: HashSet::new(),
             since: tokio::time::Instant::now(),
             resumed: true,
+            to_node: String::new(),
         })
     }
 
@@ -166,6 +176,8 @@ pub struct Waits {
     pub timeout: Duration,
     /// [`NOT_EVICTED_AFTER`] (shorter in tests).
     pub not_evicted_after: Duration,
+    /// UIDs of the evicted pods whose waits ended since this was last emptied.
+    pub ended: Vec<String>,
 }
 
 impl Waits {
@@ -176,6 +188,7 @@ impl Waits {
             backed_off: HashSet::new(),
             timeout,
             not_evicted_after: NOT_EVICTED_AFTER,
+            ended: Vec::new(),
         }
     }
 
@@ -209,6 +222,7 @@ impl Waits {
         let timeout = self.timeout;
         let not_evicted_after = self.not_evicted_after;
         let backed_off = &mut self.backed_off;
+        let before: Vec<String> = self.open.iter().map(|w| w.evicted_uid.clone()).collect();
         self.open.retain(|w| {
             let candidates = pods_of_owner(pods, &w.namespace, &w.owner);
             if w.resumed
@@ -229,6 +243,16 @@ impl Waits {
                     return false;
                 };
                 let node = r.node_name.as_deref().unwrap_or_default();
+                if !w.to_node.is_empty() {
+                    let planned = node == w.to_node;
+                    if planned {
+                        rec.landed_as_planned += 1;
+                    } else {
+                        rec.landed_elsewhere += 1;
+                        warn!(pod = %w.pod, node = %node, planned = %w.to_node, "replacement landed elsewhere than planned");
+                    }
+                    metrics.landing(policy, if planned { "planned" } else { "elsewhere" });
+                }
                 if let Some(on_gpu) = fences.hit(node, &ingest::hami_pod_gpus(&r.annotations)) {
                     rec.bounced += 1;
                     metrics.eviction(policy, "bounced");
@@ -250,6 +274,11 @@ impl Waits {
             }
             true
         });
+        self.ended.extend(
+            before
+                .into_iter()
+                .filter(|u| !self.open.iter().any(|w| w.evicted_uid == *u)),
+        );
         match stalled {
             Some(m) => Err(Stop::Stalled(m)),
             None => Ok(()),
@@ -379,9 +408,13 @@ mod tests {
         let known = Wait::known(&pods, &evicted, &owner);
         assert_eq!(known.len(), 2);
         let mut waits = Waits::new(Duration::from_secs(60));
-        waits
-            .open
-            .push(Wait::new("ml/web-1-a", &evicted, owner.clone(), known));
+        waits.open.push(Wait::new(
+            "ml/web-1-a",
+            &evicted,
+            owner.clone(),
+            known,
+            "n7",
+        ));
         let mut rec = RunRecord::default();
         // The sibling was Ready before: it is not the replacement.
         writer.apply_watcher_event(&watcher::Event::Delete(evicted));
@@ -403,6 +436,31 @@ mod tests {
         assert!(waits.open.is_empty());
         assert_eq!(rec.bounced, 1);
         assert!(waits.backed_off.contains(&owner));
+        // Planned onto n7, landed on n2: counted as landed elsewhere; the wait has ended.
+        assert_eq!((rec.landed_as_planned, rec.landed_elsewhere), (0, 1));
+        assert_eq!(waits.ended, vec!["a".to_string()]);
+    }
+
+    #[test]
+    fn a_replacement_on_its_planned_node_counts_as_landed_as_planned() {
+        let (pods, mut writer) = kube::runtime::reflector::store::<CachedPod>();
+        let evicted = pod("web-1-a", "a", true, false);
+        let owner: Workload = ("ReplicaSet".into(), "web-1".into());
+        let mut waits = Waits::new(Duration::from_secs(60));
+        waits.open.push(Wait::new(
+            "ml/web-1-a",
+            &evicted,
+            owner,
+            HashSet::new(),
+            "n2",
+        ));
+        apply(&mut writer, pod("web-1-c", "c", true, false));
+        let mut rec = RunRecord::default();
+        assert_eq!(
+            waits.settle(&pods, &Metrics::new(), "p", &Fences::default(), &mut rec),
+            Ok(())
+        );
+        assert_eq!((rec.landed_as_planned, rec.landed_elsewhere), (1, 0));
     }
 
     #[test]
@@ -415,6 +473,7 @@ mod tests {
             &evicted,
             ("ReplicaSet".into(), "web-1".into()),
             HashSet::new(),
+            "n2",
         ));
         std::thread::sleep(Duration::from_millis(5));
         let r = waits.settle(

@@ -1,0 +1,428 @@
+//! Landing control: the replacement of an evicted pod lands on the node its move planned.
+//!
+//! ```text
+//! executor ──expect(workload, target)──> [Landing] ──ConfigMap data──> API server's
+//!                                            │        MutatingAdmissionPolicy
+//!                                            │        (config/landing): a new pod of a
+//!                                            │        listed workload is created gated
+//!                                            │        (gpu-defrag.io/landing) and labelled
+//! every second (tick): held pods ◀───────────┘
+//!   leader, a matching expectation: status.nominatedNodeName = target, then ungate
+//!   leader, none: ungate now            any replica, held past holdTimeout: ungate
+//! ```
+//!
+//! The ConfigMap (`--landing-configmap` in `--landing-namespace`, labelled
+//! [`PARAMS_LABEL`]) lists one key per workload with an eviction in flight,
+//! `<namespace>.<Kind>.<name>`, valued with the policy's name; the policy's binding selects
+//! every such ConfigMap, and labels the pods it gates with the name of the ConfigMap that
+//! listed them ([`LANDING_LABEL`]), so each operator only releases its own.
+//!
+//! Failing open: when the ConfigMap cannot be written, the eviction goes on without a hold
+//! (the scheduler alone places the replacement); when the admission path is down
+//! (`failurePolicy: Ignore`) pods are created ungated; a process that starts releases every
+//! pod it finds held under its name, and one that stops releases them too.
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::Utc;
+use gpu_defrag_api::v1alpha1::DefragPolicy;
+use gpu_defrag_core::compact::LANDING_GATE;
+use gpu_defrag_core::policy::parse_duration;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::Store;
+use serde_json::json;
+use tracing::{info, warn};
+
+use crate::lease::LeaderState;
+use crate::metrics::Metrics;
+use crate::objects::CachedPod;
+
+/// Label on the pods the admission policy gates: the name of the ConfigMap that listed
+/// their workload.
+pub const LANDING_LABEL: &str = "gpu-defrag.io/landing";
+/// Label on the ConfigMaps the admission policy's binding reads as its parameters.
+pub const PARAMS_LABEL: &str = "gpu-defrag.io/landing-params";
+/// Field manager of the ConfigMap and of the pod edits.
+pub const LANDING_MANAGER: &str = "gpu-defrag-landing";
+/// How often held pods are looked at.
+pub const TICK: Duration = Duration::from_secs(1);
+/// How long after a new workload key is written before its eviction: the API server reads
+/// admission parameters from its own informer, which sees the write a moment later.
+pub const PROPAGATION: Duration = Duration::from_millis(500);
+/// The hold timeout when no policy states one.
+pub const DEFAULT_HOLD: Duration = Duration::from_secs(30);
+
+/// The ConfigMap key of a workload: `<namespace>.<Kind>.<name>` (namespaces and kinds
+/// have no dots, so the key is unambiguous); `None` when it would not be a valid key.
+pub fn workload_key(namespace: &str, kind: &str, name: &str) -> Option<String> {
+    let key = format!("{namespace}.{kind}.{name}");
+    let valid = !namespace.is_empty()
+        && !kind.is_empty()
+        && !name.is_empty()
+        && !namespace.contains('.')
+        && !kind.contains('.')
+        && key.len() <= 253
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    valid.then_some(key)
+}
+
+/// One replacement expected: the workload whose pod was evicted and the node planned for
+/// its replacement.
+#[derive(Clone, Debug, PartialEq)]
+struct Expect {
+    policy: String,
+    key: String,
+    evicted_uid: String,
+    target: String,
+    /// The held pod nominated for it, once one was.
+    nominated: Option<String>,
+}
+
+#[derive(Default)]
+struct State {
+    expects: Vec<Expect>,
+    /// The ConfigMap data last written by this process (`None`: not yet).
+    written: Option<BTreeMap<String, String>>,
+    /// Whether the start-up sweep ran.
+    swept: bool,
+}
+
+impl State {
+    /// The ConfigMap data the expectations call for.
+    fn desired(&self) -> BTreeMap<String, String> {
+        self.expects
+            .iter()
+            .map(|e| (e.key.clone(), e.policy.clone()))
+            .collect()
+    }
+}
+
+/// What to do with one held pod.
+#[derive(Debug, PartialEq)]
+enum Action {
+    /// Nominate it onto a node, then release it.
+    Nominate(String),
+    /// Release it without a nomination.
+    Release,
+    /// Keep it held (its expectation is another process's, or not here yet).
+    Keep,
+}
+
+/// The landing state of one operator process: its expectations and its ConfigMap.
+pub struct Landing {
+    client: Client,
+    namespace: String,
+    name: String,
+    state: std::sync::Mutex<State>,
+}
+
+impl Landing {
+    /// Landing control through the ConfigMap `name` in `namespace`.
+    pub fn new(client: Client, namespace: &str, name: &str) -> Self {
+        Landing {
+            client,
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            state: Default::default(),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Expects a replacement of the workload `(kind, name)` in `namespace`, whose pod
+    /// `evicted_uid` is about to be evicted, to land on `target`; written to the
+    /// ConfigMap before this returns. False when it could not be (no hold: the scheduler
+    /// alone places the replacement).
+    pub async fn expect(
+        &self,
+        policy: &str,
+        namespace: &str,
+        workload: &(String, String),
+        evicted_uid: &str,
+        target: &str,
+    ) -> bool {
+        let Some(key) = workload_key(namespace, &workload.0, &workload.1) else {
+            return false;
+        };
+        let new_key = {
+            let mut st = self.state();
+            let new_key = !st.expects.iter().any(|e| e.key == key);
+            st.expects.push(Expect {
+                policy: policy.to_string(),
+                key: key.clone(),
+                evicted_uid: evicted_uid.to_string(),
+                target: target.to_string(),
+                nominated: None,
+            });
+            new_key
+        };
+        match self.sync().await {
+            Ok(()) => {
+                if new_key {
+                    tokio::time::sleep(PROPAGATION).await;
+                }
+                true
+            }
+            Err(e) => {
+                warn!(workload = %key, error = %e, "could not list the workload for landing control; its replacement is not held");
+                self.settle(evicted_uid);
+                false
+            }
+        }
+    }
+
+    /// The replacement of `evicted_uid` is settled (Ready, failed or given up): its
+    /// expectation goes (the ConfigMap follows at the next tick).
+    pub fn settle(&self, evicted_uid: &str) {
+        self.state()
+            .expects
+            .retain(|e| e.evicted_uid != evicted_uid);
+    }
+
+    /// Drops every expectation of a policy (its run ended, was stopped or the policy went).
+    pub fn forget_policy(&self, policy: &str) {
+        self.state().expects.retain(|e| e.policy != policy);
+    }
+
+    /// Writes the ConfigMap when its data differs from the expectations.
+    async fn sync(&self) -> Result<(), kube::Error> {
+        let desired = {
+            let st = self.state();
+            let desired = st.desired();
+            if st.written.as_ref() == Some(&desired) {
+                return Ok(());
+            }
+            desired
+        };
+        let cm = json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "labels": {PARAMS_LABEL: "true", "app.kubernetes.io/name": "gpu-defrag"},
+            },
+            "data": desired,
+        });
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
+        api.patch(
+            &self.name,
+            &PatchParams::apply(LANDING_MANAGER).force(),
+            &Patch::Apply(&cm),
+        )
+        .await?;
+        self.state().written = Some(desired);
+        Ok(())
+    }
+
+    /// The leader's decision on one held pod of workload `key`, held for `age`: nominate it
+    /// onto the first open expectation of its workload; otherwise keep it until `hold`.
+    fn decide(&self, uid: &str, key: Option<&str>, age: Duration, hold: Duration) -> Action {
+        let mut st = self.state();
+        if let Some(key) = key
+            && let Some(e) = st
+                .expects
+                .iter_mut()
+                .find(|e| e.key == key && e.nominated.is_none())
+        {
+            e.nominated = Some(uid.to_string());
+            return Action::Nominate(e.target.clone());
+        }
+        if age >= hold {
+            return Action::Release;
+        }
+        Action::Keep
+    }
+
+    /// One pass: the start-up sweep once, the ConfigMap (leader), then every held pod.
+    pub async fn tick(
+        &self,
+        pods: &Store<CachedPod>,
+        policies: &Store<DefragPolicy>,
+        leader: &LeaderState,
+        metrics: &Metrics,
+    ) {
+        let leads = leader.is_leader();
+        if leads && let Err(e) = self.sync().await {
+            warn!(error = %e, "could not write the landing ConfigMap");
+        }
+        let held = self.held(pods);
+        let sweep = !std::mem::replace(&mut self.state().swept, true);
+        let hold = hold_timeout(policies);
+        let now = Utc::now();
+        let mut stuck = 0;
+        for p in held {
+            let age = p
+                .created
+                .and_then(|t| (now - t).to_std().ok())
+                .unwrap_or_default();
+            let key = p
+                .controller
+                .as_ref()
+                .and_then(|c| workload_key(&p.namespace, &c.kind, &c.name));
+            let action = if sweep {
+                Action::Release
+            } else if leads {
+                match self.decide(&p.uid, key.as_deref(), age, hold) {
+                    // The leader holds nothing it does not expect.
+                    Action::Keep => Action::Release,
+                    a => a,
+                }
+            } else if age >= hold {
+                Action::Release
+            } else {
+                Action::Keep
+            };
+            let done = match action {
+                Action::Keep => continue,
+                Action::Nominate(node) => {
+                    let nominated = self.nominate(&p, &node).await;
+                    metrics.landing_action(if nominated {
+                        "nominated"
+                    } else {
+                        "nominate_failed"
+                    });
+                    self.release(&p).await
+                }
+                Action::Release => {
+                    metrics.landing_action(if age >= hold { "timed_out" } else { "released" });
+                    self.release(&p).await
+                }
+            };
+            if !done {
+                metrics.landing_action("release_failed");
+                if age >= hold {
+                    stuck += 1;
+                }
+            }
+        }
+        if sweep {
+            info!(configmap = %self.name, "landing control: start-up sweep done");
+        }
+        metrics.set_landing_stuck(stuck);
+    }
+
+    /// The pods held under this process's name, not bound, not being deleted.
+    fn held(&self, pods: &Store<CachedPod>) -> Vec<std::sync::Arc<CachedPod>> {
+        pods.state()
+            .into_iter()
+            .filter(|p| {
+                p.labels.get(LANDING_LABEL) == Some(&self.name)
+                    && p.node_name.is_none()
+                    && !p.deleting
+            })
+            .collect()
+    }
+
+    /// Sets a held pod's `status.nominatedNodeName`; false when the API refused it.
+    async fn nominate(&self, p: &CachedPod, node: &str) -> bool {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &p.namespace);
+        let patch = json!({"status": {"nominatedNodeName": node}});
+        match api
+            .patch_status(&p.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                info!(pod = %p.key(), node = %node, "replacement nominated onto its planned node");
+                true
+            }
+            Err(e) => {
+                warn!(pod = %p.key(), node = %node, error = %e, "could not nominate the replacement; releasing it un-nominated");
+                false
+            }
+        }
+    }
+
+    /// Removes the landing gate and label of a pod; false when it could not (a 404 counts
+    /// as done: the pod is gone).
+    async fn release(&self, p: &CachedPod) -> bool {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &p.namespace);
+        let patch = json!({
+            "metadata": {"labels": {LANDING_LABEL: null}},
+            "spec": {"schedulingGates": [{"$patch": "delete", "name": LANDING_GATE}]},
+        });
+        match api
+            .patch(&p.name, &PatchParams::default(), &Patch::Strategic(&patch))
+            .await
+        {
+            Ok(_) => true,
+            Err(kube::Error::Api(s)) if s.code == 404 => true,
+            Err(e) => {
+                warn!(pod = %p.key(), error = %e, "could not remove the landing gate");
+                false
+            }
+        }
+    }
+
+    /// On shutdown: no more expectations (the leader empties the ConfigMap), every pod held
+    /// under this name released.
+    pub async fn shutdown(&self, pods: &Store<CachedPod>, leader: &LeaderState) {
+        self.state().expects.clear();
+        if leader.is_leader()
+            && let Err(e) = self.sync().await
+        {
+            warn!(error = %e, "could not empty the landing ConfigMap on shutdown");
+        }
+        for p in self.held(pods) {
+            self.release(&p).await;
+        }
+    }
+
+    /// Runs [`Landing::tick`] every [`TICK`], once `ready` says the caches are full.
+    pub async fn run(
+        self: std::sync::Arc<Self>,
+        pods: Store<CachedPod>,
+        policies: Store<DefragPolicy>,
+        leader: LeaderState,
+        metrics: Metrics,
+        ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) {
+        loop {
+            if ready.load(std::sync::atomic::Ordering::SeqCst) {
+                self.tick(&pods, &policies, &leader, &metrics).await;
+            }
+            tokio::time::sleep(TICK).await;
+        }
+    }
+}
+
+/// The longest `landing.holdTimeout` of the policies in the store ([`DEFAULT_HOLD`] when
+/// there is none; an unreadable one counts as the default).
+fn hold_timeout(policies: &Store<DefragPolicy>) -> Duration {
+    policies
+        .state()
+        .iter()
+        .map(|p| parse_duration(&p.spec.landing.hold_timeout).unwrap_or(DEFAULT_HOLD))
+        .map(|d| d.clamp(Duration::from_secs(1), Duration::from_secs(300)))
+        .max()
+        .unwrap_or(DEFAULT_HOLD)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workload_keys_are_valid_configmap_keys_or_none() {
+        assert_eq!(
+            workload_key("ml", "ReplicaSet", "web-7d9f").as_deref(),
+            Some("ml.ReplicaSet.web-7d9f")
+        );
+        assert_eq!(
+            workload_key("ml", "StatefulSet", "db.v2").as_deref(),
+            Some("ml.StatefulSet.db.v2")
+        );
+        assert_eq!(workload_key("", "ReplicaSet", "x"), None);
+        assert_eq!(workload_key("ml", "", "x"), None);
+        assert_eq!(workload_key("ml", "ReplicaSet", ""), None);
+        assert_eq!(workload_key("m.l", "ReplicaSet", "x"), None);
+        assert_eq!(workload_key("ml", "Replica/Set", "x"), None);
+        assert_eq!(workload_key("ml", "ReplicaSet", &"x".repeat(250)), None);
+    }
+}
