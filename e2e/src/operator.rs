@@ -55,6 +55,10 @@ pub const POOL_LABEL: &str = "e2e-pool";
 /// Domain of the fences the executor puts on nodes it empties: one taint key per policy,
 /// `draining.gpu-defrag.io/<policy>`, with the policy name as value.
 pub const DRAINING_TAINT_DOMAIN: &str = "draining.gpu-defrag.io";
+/// The namespace of the landing-control ConfigMaps (the one config/landing's binding reads).
+pub const LANDING_NAMESPACE: &str = "gpu-defrag-system";
+/// The landing gate and the label of the pods it holds.
+pub const LANDING_GATE: &str = "gpu-defrag.io/landing";
 /// Label of the filler Deployments made by [`fragment`].
 pub const ROLE_LABEL: &str = "e2e-role";
 
@@ -142,10 +146,11 @@ pub async fn operator_kubeconfig(cluster: &TestCluster) -> Result<PathBuf> {
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}],
     }))?;
-    Api::<ClusterRoleBinding>::all(admin)
+    Api::<ClusterRoleBinding>::all(admin.clone())
         .patch(OPERATOR_USER, &pp, &Patch::Apply(&binding))
         .await
         .context("binding the operator's ClusterRole")?;
+    install_landing(cluster, &admin).await?;
     // Issued once: concurrent tests must not rewrite the certificate under a running operator.
     let kubeconfig = KUBECONFIG
         .get_or_init(|| {
@@ -174,6 +179,62 @@ pub async fn operator_kubeconfig(cluster: &TestCluster) -> Result<PathBuf> {
     )
     .await?;
     Ok(kubeconfig)
+}
+
+/// Installs landing control as config/ does: the namespace [`LANDING_NAMESPACE`], the
+/// leader election Role there (it grants the ConfigMaps) and config/landing/admission.yaml
+/// (the MutatingAdmissionPolicy and its binding). Idempotent.
+pub async fn install_landing(cluster: &TestCluster, admin: &Client) -> Result<()> {
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
+    let ns: k8s_openapi::api::core::v1::Namespace = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LANDING_NAMESPACE},
+    }))?;
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+        .patch(LANDING_NAMESPACE, &pp, &Patch::Apply(&ns))
+        .await
+        .context("creating the landing namespace")?;
+    bind_lease_role(admin, LANDING_NAMESPACE).await?;
+    apply_landing_admission(cluster)
+}
+
+/// `kubectl apply --server-side` of config/landing/admission.yaml.
+pub fn apply_landing_admission(cluster: &TestCluster) -> Result<()> {
+    let file = repo_root().join("config/landing/admission.yaml");
+    let out = cluster
+        .kubectl()
+        .args(["apply", "--server-side", "--force-conflicts"])
+        .arg(format!("--field-manager={FIELD_MANAGER}"))
+        .arg("-f")
+        .arg(&file)
+        .output()
+        .context("running kubectl apply")?;
+    if !out.status.success() {
+        bail!(
+            "kubectl apply -f {}: {}",
+            file.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// The landing ConfigMap of the operator of `selector` ([`Operator::start`] names it).
+pub fn landing_configmap(selector: &str) -> String {
+    let mut name: String = format!("landing-{selector}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .take(63)
+        .collect();
+    while name.ends_with('-') {
+        name.pop();
+    }
+    name
 }
 
 /// Applies config/rbac/leader_election_role.yaml into `ns` and binds it to
@@ -287,6 +348,11 @@ impl Operator {
         // operator alone (its user may not touch Leases outside the test's namespace).
         if !extra.iter().any(|a| a.starts_with("--leader-elect")) {
             cmd.arg("--leader-elect=false");
+        }
+        // Landing control as installed by config/, one ConfigMap per test's operator.
+        if !extra.iter().any(|a| a.starts_with("--landing-")) {
+            cmd.args(["--landing-namespace", LANDING_NAMESPACE])
+                .args(["--landing-configmap", &landing_configmap(selector)]);
         }
         cmd.args(extra)
             .env("KUBECONFIG", &kubeconfig)

@@ -196,6 +196,14 @@ async fn enforce_in_open_window_makes_room_for_the_pending_8_gpu_pod() {
     let evicted = int_at(&run, "/evicted").unwrap();
     let planned = int_at(&run, "/planned").unwrap();
     assert!(evicted > 0 && evicted <= max_run, "{run:#}");
+    // Landing control (on by default): the replacements land where the plan put them.
+    let as_planned = int_at(&run, "/landedAsPlanned").unwrap_or(0);
+    let elsewhere = int_at(&run, "/landedElsewhere").unwrap_or(0);
+    assert_eq!(as_planned + elsewhere, evicted, "{run:#}");
+    assert!(
+        as_planned * 100 >= 95 * evicted,
+        "{as_planned} of {evicted} replacements on their planned node: {run:#}"
+    );
     for (node, n) in evicted_per_node(&run) {
         assert!(n <= max_node, "{n} evictions from {node}: {run:#}");
     }
@@ -266,7 +274,7 @@ async fn enforce_in_open_window_makes_room_for_the_pending_8_gpu_pod() {
         "one run only: {st:#}"
     );
     eprintln!(
-        "E2E-FIGURE enforce: gate held the run at minNodesFreed 99 (plan frees {frees}); window open -> 8-GPU pod Running in {:.1}s; evictions used {evicted} of {planned} planned (limit {max_run}/run, {max_node}/node); fenced nodes {}; fragment rate {rate_before:.3} -> {rate_after:.3} (run record: forecast {:.3}, at run end {:.3}, result {}); {} nodes x 8 GPUs, {} one-GPU pods",
+        "E2E-FIGURE enforce: gate held the run at minNodesFreed 99 (plan frees {frees}); window open -> 8-GPU pod Running in {:.1}s; evictions used {evicted} of {planned} planned (limit {max_run}/run, {max_node}/node); fenced nodes {}; replacements on their planned node {as_planned}/{evicted}; fragment rate {rate_before:.3} -> {rate_after:.3} (run record: forecast {:.3}, at run end {:.3}, result {}); {} nodes x 8 GPUs, {} one-GPU pods",
         to_running.as_secs_f64(),
         fenced.len(),
         float_at(&run, "/expectedFragmentRateAfter").unwrap_or(f64::NAN),

@@ -51,6 +51,8 @@ pub const TICK: Duration = Duration::from_secs(1);
 /// How long after a new workload key is written before its eviction: the API server reads
 /// admission parameters from its own informer, which sees the write a moment later.
 pub const PROPAGATION: Duration = Duration::from_millis(500);
+/// How long the tick waits before writing the ConfigMap again after a failed write.
+pub const SYNC_RETRY: Duration = Duration::from_secs(30);
 /// The hold timeout when no policy states one.
 pub const DEFAULT_HOLD: Duration = Duration::from_secs(30);
 
@@ -89,6 +91,9 @@ struct State {
     written: Option<BTreeMap<String, String>>,
     /// Whether the start-up sweep ran.
     swept: bool,
+    /// After a failed write, the tick writes again no sooner than this (an expectation
+    /// still writes at once).
+    retry_at: Option<std::time::Instant>,
 }
 
 impl State {
@@ -118,6 +123,8 @@ pub struct Landing {
     namespace: String,
     name: String,
     state: std::sync::Mutex<State>,
+    /// One ConfigMap write at a time, so an older view never lands after a newer one.
+    writing: tokio::sync::Mutex<()>,
 }
 
 impl Landing {
@@ -128,6 +135,7 @@ impl Landing {
             namespace: namespace.to_string(),
             name: name.to_string(),
             state: Default::default(),
+            writing: Default::default(),
         }
     }
 
@@ -192,6 +200,7 @@ impl Landing {
 
     /// Writes the ConfigMap when its data differs from the expectations.
     async fn sync(&self) -> Result<(), kube::Error> {
+        let _writing = self.writing.lock().await;
         let desired = {
             let st = self.state();
             let desired = st.desired();
@@ -211,13 +220,38 @@ impl Landing {
             "data": desired,
         });
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
-        api.patch(
-            &self.name,
-            &PatchParams::apply(LANDING_MANAGER).force(),
-            &Patch::Apply(&cm),
-        )
-        .await?;
-        self.state().written = Some(desired);
+        let failed = |_: &kube::Error| {
+            self.state().retry_at = Some(std::time::Instant::now() + SYNC_RETRY);
+        };
+        let applied = api
+            .patch(
+                &self.name,
+                &PatchParams::apply(LANDING_MANAGER).force(),
+                &Patch::Apply(&cm),
+            )
+            .await
+            .inspect_err(failed)?;
+        // Keys another writer added (a hand edit, an older manager) survive an apply that
+        // never owned them: a merge patch deletes them (null).
+        let stale: serde_json::Map<String, serde_json::Value> = applied
+            .data
+            .iter()
+            .flatten()
+            .filter(|(k, _)| !desired.contains_key(*k))
+            .map(|(k, _)| (k.clone(), serde_json::Value::Null))
+            .collect();
+        if !stale.is_empty() {
+            api.patch(
+                &self.name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"data": stale})),
+            )
+            .await
+            .inspect_err(failed)?;
+        }
+        let mut st = self.state();
+        st.written = Some(desired);
+        st.retry_at = None;
         Ok(())
     }
 
@@ -249,8 +283,15 @@ impl Landing {
         metrics: &Metrics,
     ) {
         let leads = leader.is_leader();
-        if leads && let Err(e) = self.sync().await {
-            warn!(error = %e, "could not write the landing ConfigMap");
+        let due = self
+            .state()
+            .retry_at
+            .is_none_or(|t| std::time::Instant::now() >= t);
+        if leads
+            && due
+            && let Err(e) = self.sync().await
+        {
+            warn!(error = %e, retry_in = ?SYNC_RETRY, "could not write the landing ConfigMap");
         }
         let held = self.held(pods);
         let sweep = !std::mem::replace(&mut self.state().swept, true);
@@ -291,7 +332,13 @@ impl Landing {
                     self.release(&p).await
                 }
                 Action::Release => {
-                    metrics.landing_action(if age >= hold { "timed_out" } else { "released" });
+                    metrics.landing_action(if sweep {
+                        "swept"
+                    } else if age >= hold {
+                        "timed_out"
+                    } else {
+                        "released"
+                    });
                     self.release(&p).await
                 }
             };
