@@ -144,7 +144,7 @@ async fn enforce_in_open_window_makes_room_for_the_pending_8_gpu_pod() {
                "maxEvictionsPerNamespace": 20, "maxInFlight": 2}),
     )
     .await;
-    let _op = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
+    let op = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
     let st = wait_status(&c.client, c.name(), "a dry-run plan", T, |s| {
         int_at(s, "/plan/totalMoves").unwrap_or(0) > 0
     })
@@ -213,6 +213,14 @@ async fn enforce_in_open_window_makes_room_for_the_pending_8_gpu_pod() {
         fenced.contains(&train_node),
         "the 8-GPU pod runs on {train_node}, not on a node the run emptied ({fenced:?})"
     );
+    // It was nominated there when the run ended (landing control on by default).
+    let m = op.metrics().await.unwrap();
+    let nominated = gpu_defrag_e2e::operator::metric_sum(
+        &m,
+        "gpu_defrag_landing_actions_total",
+        &[("kind", "pending_nominated")],
+    );
+    assert_eq!(nominated, 1.0, "the pending 8-GPU pod nominated once");
 
     // Every inference Deployment is back to one Ready pod; no fence is left.
     wait_deployments_ready(&c.client, c.name(), &infer, T)

@@ -10,6 +10,7 @@ pub mod fence;
 pub mod formats;
 pub mod frag;
 pub mod ingest;
+pub mod landing;
 pub mod model;
 pub mod plan;
 pub mod policy;

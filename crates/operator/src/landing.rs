@@ -106,6 +106,15 @@ impl State {
     }
 }
 
+/// How a nomination went.
+#[derive(Debug, PartialEq)]
+enum Nomination {
+    Set,
+    /// The pod was bound meanwhile (the API server refuses a nomination then).
+    Bound,
+    Failed,
+}
+
 /// What to do with one held pod.
 #[derive(Debug, PartialEq)]
 enum Action {
@@ -369,19 +378,57 @@ impl Landing {
 
     /// Sets a held pod's `status.nominatedNodeName`; false when the API refused it.
     async fn nominate(&self, p: &CachedPod, node: &str) -> bool {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &p.namespace);
+        self.set_nominated(&p.namespace, &p.name, node, "replacement")
+            .await
+            == Nomination::Set
+    }
+
+    /// Nominates a pending pod the run made room for onto the node it emptied for it
+    /// (`gpu_defrag_landing_actions_total{kind="pending_nominated"}`); false when the API
+    /// refused it (the pod is then scheduled as it would be anyway).
+    pub async fn nominate_pending(
+        &self,
+        namespace: &str,
+        name: &str,
+        node: &str,
+        metrics: &Metrics,
+    ) -> bool {
+        let done = self
+            .set_nominated(namespace, name, node, "pending pod")
+            .await;
+        match done {
+            Nomination::Set => metrics.landing_action("pending_nominated"),
+            Nomination::Bound => {}
+            Nomination::Failed => metrics.landing_action("nominate_failed"),
+        }
+        done == Nomination::Set
+    }
+
+    async fn set_nominated(
+        &self,
+        namespace: &str,
+        name: &str,
+        node: &str,
+        what: &str,
+    ) -> Nomination {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let patch = json!({"status": {"nominatedNodeName": node}});
         match api
-            .patch_status(&p.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
             Ok(_) => {
-                info!(pod = %p.key(), node = %node, "replacement nominated onto its planned node");
-                true
+                info!(pod = %format!("{namespace}/{name}"), node = %node, "{what} nominated onto its planned node");
+                Nomination::Set
+            }
+            // Bound meanwhile: nothing to steer any more.
+            Err(kube::Error::Api(s)) if s.code == 422 && s.message.contains("already bound") => {
+                info!(pod = %format!("{namespace}/{name}"), node = %node, "{what} already scheduled; not nominated");
+                Nomination::Bound
             }
             Err(e) => {
-                warn!(pod = %p.key(), node = %node, error = %e, "could not nominate the replacement; releasing it un-nominated");
-                false
+                warn!(pod = %format!("{namespace}/{name}"), node = %node, error = %e, "could not nominate the {what}; it is scheduled un-nominated");
+                Nomination::Failed
             }
         }
     }

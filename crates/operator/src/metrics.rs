@@ -336,7 +336,7 @@ impl Metrics {
         );
         r.register(
             "landing_actions",
-            "Landing control on held replacements, by kind: nominated, released (no nomination), swept (at start-up), timed_out, release_failed, nominate_failed",
+            "Landing control on held replacements, by kind: nominated, released (no nomination), swept (at start-up), pending_nominated (a pending pod onto the node a run emptied), timed_out, release_failed, nominate_failed",
             inner.landing_actions.clone(),
         );
         r.register(

@@ -161,7 +161,11 @@ async fn run_steps(
     }
     // Moves in flight finish, even after the window closed (not after a stop request).
     run.finish_in_flight(&mut stop).await;
-    // 6. Unfence, record.
+    // 6. Nominate the queued pods onto the nodes emptied for them while the fences still
+    // keep every other pod off, unfence, record.
+    if !matches!(stop, Some(Stop::Requested(_))) {
+        run.nominate_pending().await;
+    }
     fences::remove(&run.ctx.client, &run.name, &run.rec).await?;
     run.record_end(stop).await
 }
@@ -579,6 +583,41 @@ impl Run {
                 break;
             }
             tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// With landing control, nominates the GPU pods that were pending when the run started
+    /// onto the nodes it emptied (every GPU free), before the fences come off: when the
+    /// fences go the scheduler tries each such pod on its node first, and holds the room
+    /// against smaller pods of no higher priority meanwhile
+    /// ([`gpu_defrag_core::landing::pending_nominations`]). Not for a resumed run (its queue
+    /// is not known).
+    async fn nominate_pending(&self) {
+        let Some(queued) = self.queued.as_ref() else {
+            return;
+        };
+        if !self.policy.landing_control || queued.is_empty() || self.rec.fenced_nodes.is_empty() {
+            return;
+        }
+        let c = self.ctx.cluster(Some(Utc::now()));
+        let nodes: Vec<usize> = self
+            .rec
+            .fenced_nodes
+            .iter()
+            .filter_map(|n| c.node_index(n))
+            .collect();
+        let own_fence = |t: &gpu_defrag_core::model::Taint| {
+            crate::objects::is_fence_of(&t.key, Some(&t.value), &self.name)
+        };
+        let nominations =
+            gpu_defrag_core::landing::pending_nominations(&c, &nodes, queued, own_fence);
+        info!(policy = %self.name, queued = queued.len(), emptied = nodes.len(), nominations = nominations.len(), "pending pods for the nodes the run emptied");
+        for (pi, ni) in nominations {
+            let (p, node) = (&c.pods[pi], &c.nodes[ni].name);
+            self.ctx
+                .landing
+                .nominate_pending(&p.namespace, &p.name, node, &self.ctx.metrics)
+                .await;
         }
     }
 
