@@ -29,6 +29,7 @@
 //! see [`Bound`].
 use std::time::Instant;
 
+use anyhow::Context as _;
 use gpu_defrag_core::frag::{self, Capacity};
 use gpu_defrag_core::model::*;
 use gpu_defrag_core::plan::{self, History, UnitKind};
@@ -172,6 +173,10 @@ pub fn bench_policy(shapes: Vec<TargetShape>, budget: u32) -> Policy {
         // The trace's tasks carry no workload: each is its own, so every one would be
         // its workload's last Ready replica. The replay treats each as replaceable.
         evict_single_replicas: true,
+        // The bench re-places evicted pods with its scheduler emulation, so it plans as
+        // for `landing.mode: Scheduler` (targets the scheduler itself would pick);
+        // [`land_as_planned`] plans with landing control.
+        landing_control: false,
         ..Policy::default()
     }
 }
@@ -340,6 +345,76 @@ pub fn choose_gpu_defrag(c: &Cluster, policy: &Policy) -> Choice {
         }
     }
     ch
+}
+
+/// gpu-defrag with landing control: the core planner under the budget, and every moved
+/// pod bound to the target the plan chose for it (its `toNode` and `toDevices`), as the
+/// operator's nomination of each replacement makes it, instead of re-placed by the
+/// bin-packing emulation. The device choice is the planner's own, made by the same
+/// rule as the scheduler emulation's ([`sched::fits`]): for a share, the fullest GPU
+/// that still fits (best fit); for whole or multi-GPU pods, the first GPUs in device
+/// order with enough free milli. Every moved pod lands, so none is pending.
+///
+/// Returns the plan and the cluster after it. The cluster is built here from the plan's
+/// moves (evict all, then bind each on its planned devices, checking that no GPU, cpu,
+/// memory or pod slot is overfilled), so it is measured with the same metric, shapes
+/// and scope as every other row, not taken from the plan's own forecast (`after`), which
+/// it must agree with (tested).
+pub fn land_as_planned(c: &Cluster, policy: &Policy) -> anyhow::Result<(plan::Plan, Cluster)> {
+    let policy = Policy {
+        landing_control: true,
+        ..policy.clone()
+    };
+    let p = plan::plan(c, &policy, None, &History::default());
+    let mut out = c.clone();
+    for m in &p.moves {
+        unbind(&mut out, m.pod_index);
+    }
+    for m in &p.moves {
+        let n = c
+            .node_index(&m.to_node)
+            .with_context(|| format!("{}: no target node {}", m.pod, m.to_node))?;
+        let node = &out.nodes[n];
+        let pod = &out.pods[m.pod_index];
+        let shape = pod.shape.unwrap_or(GpuShape { gpus: 0, milli: 0 });
+        let devs: Vec<usize> = m
+            .to_devices
+            .iter()
+            .map(|k| {
+                node.gpus
+                    .iter()
+                    .position(|g| &g.key == k)
+                    .with_context(|| format!("{}: no GPU {k} on {}", m.pod, m.to_node))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        anyhow::ensure!(
+            devs.len() == shape.gpus as usize,
+            "{}: {} planned devices for {} GPUs",
+            m.pod,
+            devs.len(),
+            shape.gpus
+        );
+        for &g in &devs {
+            let gpu = &node.gpus[g];
+            anyhow::ensure!(
+                gpu.healthy && gpu.used + shape.milli <= GPU_MILLI,
+                "{}: GPU {} of {} overfilled",
+                m.pod,
+                gpu.key,
+                node.name
+            );
+        }
+        anyhow::ensure!(
+            node.cpu_free() >= pod.cpu
+                && node.mem_free() >= pod.mem
+                && node.pods_used < node.pods_alloc,
+            "{}: node {} overfilled",
+            m.pod,
+            node.name
+        );
+        bind(&mut out, m.pod_index, n, &devs);
+    }
+    Ok((p, out))
 }
 
 /// descheduler HighNodeUtilization with a GPU threshold (percent).
@@ -944,6 +1019,52 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Landing as planned puts every moved pod on its planned node and devices, leaves
+    /// none pending, and the cluster it builds measures what the plan forecast.
+    #[test]
+    fn landing_as_planned_is_the_plans_own_forecast() {
+        let mut moved = 0;
+        for seed in 0..6 {
+            let (c, policy, budget) = setup(seed);
+            let (p, after) = land_as_planned(&c, &policy).unwrap();
+            assert!(p.moves.len() <= budget);
+            moved += p.moves.len();
+            for m in &p.moves {
+                let pod = &after.pods[m.pod_index];
+                assert_eq!(
+                    pod.node_name.as_deref(),
+                    Some(m.to_node.as_str()),
+                    "{}",
+                    m.pod
+                );
+                let GpuUse::Devices(d) = &pod.gpu else {
+                    panic!("{}: no devices", m.pod)
+                };
+                let n = &after.nodes[pod.node.unwrap()];
+                let keys: Vec<&str> = d.iter().map(|(g, _)| n.gpus[*g].key.as_str()).collect();
+                assert_eq!(keys, m.to_devices, "{}", m.pod);
+            }
+            assert!(after.pods.iter().all(|q| q.node.is_some() || !gpu_pod(q)));
+            let scope = &policy.scope;
+            let t = frag::totals(&after, &Capacity::of(&after), scope, &policy.shapes);
+            assert!(
+                (t.fragment_milli - p.after.fragment_milli).abs()
+                    <= 1e-6 * t.fragment_milli.abs().max(1.0),
+                "seed {seed}: measured {} forecast {}",
+                t.fragment_milli,
+                p.after.fragment_milli
+            );
+            assert_eq!(t.idle_milli, p.after.idle_milli, "seed {seed}");
+            assert_eq!(t.fully_free_gpus, p.after.fully_free_gpus, "seed {seed}");
+            let before = frag::totals(&c, &Capacity::of(&c), scope, &policy.shapes);
+            assert!(
+                t.fragment_milli <= before.fragment_milli + 1e-9,
+                "seed {seed}"
+            );
+        }
+        assert!(moved > 0, "no seed moved anything: the test checks nothing");
     }
 
     fn policy_with_budget(p: &Policy, b: usize) -> Policy {
