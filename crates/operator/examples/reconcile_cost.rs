@@ -77,6 +77,10 @@ struct Args {
     /// Repetitions (the median is printed).
     #[arg(long, default_value_t = 3)]
     reps: usize,
+    /// The policy's `landing.mode`: `Nominate` (landing control, the default) or
+    /// `Scheduler` (targets as the scheduler picks them).
+    #[arg(long, default_value = "Nominate")]
+    landing: String,
 }
 
 const REPLICAS: usize = 4;
@@ -580,6 +584,7 @@ fn main() -> anyhow::Result<()> {
         "mode": "Enforce",
         "windows": [{"schedule": "0 2 * * *", "duration": "3h"}],
         "limits": {"maxEvictionsPerRun": 100, "maxEvictionsPerNamespace": 100},
+        "landing": {"mode": a.landing},
     }))?;
     let mut dp = DefragPolicy::new("bench", spec);
     dp.metadata.generation = Some(1);
