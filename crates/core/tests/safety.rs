@@ -1033,6 +1033,33 @@ fn pods_of_a_scheduler_not_listed_as_binpacking_stay_put() {
     assert_moved(&p, "ml/web-a");
 }
 
+/// With landing control (the default), a pod whose scheduling depends on other pods
+/// (required inter-pod anti-affinity) is not moved: the planner does not model that filter,
+/// so the node it would nominate might refuse the replacement. `landing.mode: Scheduler`
+/// leaves its landing to the scheduler and moves it.
+#[test]
+fn pods_with_inter_pod_constraints_are_not_moved_under_landing_control() {
+    let world = || {
+        let mut w = World::new();
+        let web = w.deployment_pod("ml", "web", "web-a", 1).spec(
+            "affinity",
+            json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"app": "web"}},
+                 "topologyKey": "kubernetes.io/hostname"}]}}),
+        );
+        w.pair_with_twin("web", web);
+        w.build()
+    };
+    let p = run(&world(), &eight_gpu_policy());
+    assert_skipped(&p, "ml/web-a", "no-target");
+    let scheduler = Policy {
+        landing_control: false,
+        ..eight_gpu_policy()
+    };
+    let p = run(&world(), &scheduler);
+    assert_moved(&p, "ml/web-a");
+}
+
 // ---- 10. Skip codes --------------------------------------------------------------------------
 
 /// Fails to compile when a `Skip` is added, so that [`Skip::ALL`] is checked again.
