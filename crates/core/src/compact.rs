@@ -77,6 +77,9 @@ pub struct CompactPod {
     pub ready: bool,
     /// `status.startTime`.
     pub started: Option<DateTime<Utc>>,
+    /// Since when the scheduler has found no node for it: the last transition of its
+    /// `PodScheduled` condition, when that is `False` with reason `Unschedulable`.
+    pub unschedulable_since: Option<DateTime<Utc>>,
 }
 
 /// A Kubernetes time as chrono's.
@@ -168,6 +171,17 @@ impl CompactPod {
                 .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
             started: status
                 .and_then(|s| s.start_time.as_ref())
+                .and_then(to_chrono),
+            unschedulable_since: status
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|cs| {
+                    cs.iter().find(|c| {
+                        c.type_ == "PodScheduled"
+                            && c.status == "False"
+                            && c.reason.as_deref() == Some("Unschedulable")
+                    })
+                })
+                .and_then(|c| c.last_transition_time.as_ref())
                 .and_then(to_chrono),
         }
     }

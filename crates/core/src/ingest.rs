@@ -299,6 +299,7 @@ fn base_pod<'p>(
         workload: None,
         gang: None,
         started: p.started,
+        unschedulable_since: p.unschedulable_since,
         ready: p.ready,
         deleting: p.deleting,
         mirror: p.annotations.contains_key("kubernetes.io/config.mirror"),

@@ -481,6 +481,9 @@ pub struct Pod {
     /// `status.startTime`: pod ages count from it (a pod that waited Pending for an hour
     /// is not an hour old).
     pub started: Option<DateTime<Utc>>,
+    /// Since when the scheduler has found no node for it (pending pods whose
+    /// `PodScheduled` condition is `False`, reason `Unschedulable`).
+    pub unschedulable_since: Option<DateTime<Utc>>,
     /// The Ready condition is True.
     pub ready: bool,
     /// Has a deletion timestamp.

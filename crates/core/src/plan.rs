@@ -19,6 +19,8 @@ use crate::model::*;
 use crate::policy::{Policy, TargetShape, duration_text, parse_duration};
 use crate::sched;
 
+pub mod demand;
+
 /// Why a pod is not movable. Codes are stable (status, metrics, docs); a `Skip`
 /// serialises as its code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -1464,39 +1466,35 @@ impl Ord for Cand {
     }
 }
 
-/// Plans a run. `now` measures pod ages (None: ages unknown — then `minPodAge > 0`
-/// protects every pod only when a clock is given; snapshots without a clock skip it).
-pub fn plan(
-    cluster: &Cluster,
-    policy: &Policy,
-    now: Option<DateTime<Utc>>,
-    history: &History,
-) -> Plan {
-    plan_with_activity(cluster, policy, now, history, &Activity::default())
+/// What every planner starts from: the planning state over the cluster (capacity,
+/// limits, PDB allowances, what the run already did), which GPU pods are movable, the
+/// skipped ones with their codes, the target shapes and the totals now.
+struct Prepared<'a> {
+    st: State<'a>,
+    ok: Vec<bool>,
+    skipped: BTreeMap<String, u64>,
+    skipped_pods: Vec<SkippedPod>,
+    shapes: Vec<TargetShape>,
+    before: Totals,
+    counted: Vec<bool>,
+    /// Cost of each pod's eviction in the rank ([`IDLE_POD_COST`], [`extra_cost`]).
+    pod_cost: Vec<f64>,
 }
 
-/// What one eviction of a long-idle pod ([`Activity::is_idle`]) costs in the rank, in
-/// evictions: its GPUs did no work over the lookback window, so moving it disturbs
-/// little. Limits and budgets still count it as one eviction.
-pub const IDLE_POD_COST: f64 = 0.5;
-
-/// [`plan`], with the GPU activity of pods: units of long-idle pods rank as cheaper
-/// (each such pod costs [`IDLE_POD_COST`] of an eviction in the drop per eviction).
-pub fn plan_with_activity(
-    cluster: &Cluster,
-    policy: &Policy,
+fn prepare<'a>(
+    cluster: &'a Cluster,
+    policy: &'a Policy,
     now: Option<DateTime<Utc>>,
     history: &History,
     activity: &Activity,
-) -> Plan {
+) -> Prepared<'a> {
     let idle = activity.idle_flags(cluster);
     let extra: Vec<f64> = cluster.pods.iter().map(extra_cost).collect();
-    let cost = |u: &Unit| -> f64 {
-        u.pods
-            .iter()
-            .map(|&pi| if idle[pi] { IDLE_POD_COST } else { 1.0 } + extra[pi])
-            .sum()
-    };
+    let pod_cost: Vec<f64> = idle
+        .iter()
+        .zip(&extra)
+        .map(|(i, e)| if *i { IDLE_POD_COST } else { 1.0 } + e)
+        .collect();
     let shapes = frag::target_shapes(cluster, policy);
     let cap = Capacity::of(cluster);
     let counted: Vec<bool> = cluster
@@ -1617,6 +1615,54 @@ pub fn plan_with_activity(
         st.pending = frag::unplaceable_pending(cluster, &st.cap, &policy.scope);
     }
 
+    Prepared {
+        st,
+        ok,
+        skipped,
+        skipped_pods,
+        shapes,
+        before,
+        counted,
+        pod_cost,
+    }
+}
+
+/// Plans a run. `now` measures pod ages (None: ages unknown — then `minPodAge > 0`
+/// protects every pod only when a clock is given; snapshots without a clock skip it).
+pub fn plan(
+    cluster: &Cluster,
+    policy: &Policy,
+    now: Option<DateTime<Utc>>,
+    history: &History,
+) -> Plan {
+    plan_with_activity(cluster, policy, now, history, &Activity::default())
+}
+
+/// What one eviction of a long-idle pod ([`Activity::is_idle`]) costs in the rank, in
+/// evictions: its GPUs did no work over the lookback window, so moving it disturbs
+/// little. Limits and budgets still count it as one eviction.
+pub const IDLE_POD_COST: f64 = 0.5;
+
+/// [`plan`], with the GPU activity of pods: units of long-idle pods rank as cheaper
+/// (each such pod costs [`IDLE_POD_COST`] of an eviction in the drop per eviction).
+pub fn plan_with_activity(
+    cluster: &Cluster,
+    policy: &Policy,
+    now: Option<DateTime<Utc>>,
+    history: &History,
+    activity: &Activity,
+) -> Plan {
+    let Prepared {
+        mut st,
+        ok,
+        skipped,
+        skipped_pods,
+        shapes,
+        before,
+        counted,
+        pod_cost,
+    } = prepare(cluster, policy, now, history, activity);
+    let cost = |u: &Unit| -> f64 { u.pods.iter().map(|&pi| pod_cost[pi]).sum() };
     let all_units = units(cluster, &shapes, &ok, &counted, &st.cap.free);
     let mut heap = BinaryHeap::new();
     for (id, u) in all_units.iter().enumerate() {
@@ -1669,20 +1715,7 @@ pub fn plan_with_activity(
         }
         let batch = batches.len();
         for (pi, n, devs) in &placed {
-            let p = &cluster.pods[*pi];
             let from = &cluster.nodes[u.node];
-            let from_devices = match &p.gpu {
-                GpuUse::Devices(d) if from.granularity == Granularity::Device => {
-                    d.iter().map(|(g, _)| from.gpus[*g].key.clone()).collect()
-                }
-                _ => Vec::new(),
-            };
-            let to = &cluster.nodes[*n];
-            let to_devices = if to.granularity == Granularity::Device {
-                devs.iter().map(|g| to.gpus[*g].key.clone()).collect()
-            } else {
-                Vec::new()
-            };
             let reason = match u.kind {
                 UnitKind::Node => format!("empty node {}", from.name),
                 UnitKind::Gpu => format!(
@@ -1692,45 +1725,18 @@ pub fn plan_with_activity(
                 ),
                 UnitKind::Group => format!("free whole GPUs on {}", from.name),
             };
-            // kube-scheduler scores no device packing for claim pods: other plugins choose
-            // their node, and the first fitting device in the driver's order is taken.
-            let reason = if p.resource_claims && p.scheme == Some(Scheme::Dra) {
-                format!("{reason} (DRA claim pod: landing not guaranteed)")
-            } else {
-                reason
-            };
-            moves.push(Move {
-                pod: p.key(),
-                pod_index: *pi,
-                from_node: from.name.clone(),
-                from_devices,
-                to_node: to.name.clone(),
-                to_devices,
-                batch,
-                reason,
-            });
+            moves.push(move_of(cluster, u.node, (*pi, *n, devs), batch, reason));
         }
         for pi in newly_served {
             pending_served.push(cluster.pods[pi].key());
         }
-        batches.push(Batch {
-            kind: u.kind,
-            node: cluster.nodes[u.node].name.clone(),
-            gpu: u.gpu.map(|g| cluster.nodes[u.node].gpus[g].key.clone()),
-            device_fence: u.kind == UnitKind::Gpu
-                && matches!(cluster.nodes[u.node].scheme, Scheme::Hami | Scheme::Dra),
-            dra_device: u
-                .gpu
-                .filter(|_| u.kind == UnitKind::Gpu && cluster.nodes[u.node].scheme == Scheme::Dra)
-                .and_then(|g| cluster.nodes[u.node].dra.get(g))
-                .map(|d| DraDevice {
-                    driver: d.driver.clone(),
-                    pool: d.pool.clone(),
-                }),
-            moves: placed.len(),
-            gain_milli: frag_before - after_batch.fragment_milli,
-            after: after_batch,
-        });
+        batches.push(batch_of(
+            cluster,
+            u,
+            placed.len(),
+            frag_before - after_batch.fragment_milli,
+            after_batch,
+        ));
     }
     // The last batch's figures, recomputed exactly (the running sums drift by rounding).
     if let Some(last) = batches.last_mut() {
@@ -1751,19 +1757,92 @@ pub fn plan_with_activity(
         fenced_devices,
         pending_served,
         unchecked: cluster.unchecked.clone(),
-        settling_nodes: cluster
-            .nodes
-            .iter()
-            .zip(&counted)
-            .filter(|(_, c)| **c)
-            .filter_map(|(n, _)| {
-                settling(n, policy, now).map(|why| SettlingNode {
-                    node: n.name.clone(),
-                    why,
-                })
-            })
-            .collect(),
+        settling_nodes: settling_nodes(cluster, &counted, policy, now),
     }
+}
+
+/// The move of pod `pi` from node `from` to its placement.
+fn move_of(
+    cluster: &Cluster,
+    from: usize,
+    (pi, n, devs): (usize, usize, &[usize]),
+    batch: usize,
+    reason: String,
+) -> Move {
+    let p = &cluster.pods[pi];
+    let from = &cluster.nodes[from];
+    let from_devices = match &p.gpu {
+        GpuUse::Devices(d) if from.granularity == Granularity::Device => {
+            d.iter().map(|(g, _)| from.gpus[*g].key.clone()).collect()
+        }
+        _ => Vec::new(),
+    };
+    let to = &cluster.nodes[n];
+    let to_devices = if to.granularity == Granularity::Device {
+        devs.iter().map(|g| to.gpus[*g].key.clone()).collect()
+    } else {
+        Vec::new()
+    };
+    // kube-scheduler scores no device packing for claim pods: other plugins choose
+    // their node, and the first fitting device in the driver's order is taken.
+    let reason = if p.resource_claims && p.scheme == Some(Scheme::Dra) {
+        format!("{reason} (DRA claim pod: landing not guaranteed)")
+    } else {
+        reason
+    };
+    Move {
+        pod: p.key(),
+        pod_index: pi,
+        from_node: from.name.clone(),
+        from_devices,
+        to_node: to.name.clone(),
+        to_devices,
+        batch,
+        reason,
+    }
+}
+
+/// The batch of a committed unit.
+fn batch_of(cluster: &Cluster, u: &Unit, moves: usize, gain_milli: f64, after: Totals) -> Batch {
+    let node = &cluster.nodes[u.node];
+    Batch {
+        kind: u.kind,
+        node: node.name.clone(),
+        gpu: u.gpu.map(|g| node.gpus[g].key.clone()),
+        device_fence: u.kind == UnitKind::Gpu && matches!(node.scheme, Scheme::Hami | Scheme::Dra),
+        dra_device: u
+            .gpu
+            .filter(|_| u.kind == UnitKind::Gpu && node.scheme == Scheme::Dra)
+            .and_then(|g| node.dra.get(g))
+            .map(|d| DraDevice {
+                driver: d.driver.clone(),
+                pool: d.pool.clone(),
+            }),
+        moves,
+        gain_milli,
+        after,
+    }
+}
+
+/// Nodes in scope that receive no planned pod yet, and why.
+fn settling_nodes(
+    cluster: &Cluster,
+    counted: &[bool],
+    policy: &Policy,
+    now: Option<DateTime<Utc>>,
+) -> Vec<SettlingNode> {
+    cluster
+        .nodes
+        .iter()
+        .zip(counted)
+        .filter(|(_, c)| **c)
+        .filter_map(|(n, _)| {
+            settling(n, policy, now).map(|why| SettlingNode {
+                node: n.name.clone(),
+                why,
+            })
+        })
+        .collect()
 }
 
 /// The cluster as it is expected to be after the plan: every moved pod re-bound to its

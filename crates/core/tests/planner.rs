@@ -929,3 +929,315 @@ proptest! {
         }
     }
 }
+
+mod demand {
+    use super::*;
+    use chrono::{Duration, TimeZone, Utc};
+    use gpu_defrag_core::plan::demand::{
+        DemandLimits, DemandOutcome, DemandPlan, plan_demand, waiting,
+    };
+
+    fn pending(ns: &str, name: &str, gpus: u32, priority: i32) -> Pod {
+        let mut p = pod(ns, name, name);
+        p.phase = Phase::Pending;
+        p.ready = false;
+        p.priority = priority;
+        p.shape = Some(GpuShape { gpus, milli: 1000 });
+        p.unschedulable_since = Some(Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap());
+        p
+    }
+
+    /// Three 8-GPU nodes: n0 holds 2 one-GPU pods, n1 holds 3, n2 holds 5; nothing fits
+    /// an 8-GPU pod.
+    fn three_nodes(prio_n0: i32) -> Cluster {
+        let mut c = Cluster {
+            nodes: (0..3)
+                .map(|i| node(&format!("n{i}"), 8, Granularity::Node))
+                .collect(),
+            ..Default::default()
+        };
+        let mut k = 0;
+        for (n, count) in [(0usize, 2usize), (1, 3), (2, 5)] {
+            for g in 0..count {
+                let mut p = pod("a", &format!("p{k:02}"), &format!("r{k}"));
+                if n == 0 {
+                    p.priority = prio_n0;
+                }
+                bind(&mut c, p, n, &[g], 1000);
+                k += 1;
+            }
+        }
+        c
+    }
+
+    fn served_index(c: &Cluster, key: &str) -> usize {
+        c.pods.iter().position(|p| p.key() == key).unwrap()
+    }
+
+    fn run(c: &Cluster, pol: &Policy, served: &[&str], limits: DemandLimits) -> DemandPlan {
+        let idx: Vec<usize> = served.iter().map(|k| served_index(c, k)).collect();
+        plan_demand(c, pol, None, &History::default(), &idx, &limits)
+    }
+
+    /// The invariants of every planned demand run: the served pods fit on their rooms
+    /// after the moves, every victim lands elsewhere, none outranks the served pod, and
+    /// the limit holds.
+    fn check(c: &Cluster, pol: &Policy, d: &DemandPlan, limit: u32) {
+        assert_eq!(d.outcome, DemandOutcome::Planned, "{}", d.why);
+        assert!(d.plan.moves.len() as u32 <= limit);
+        let after = apply(c, &d.plan);
+        let cap = Capacity::of(&after);
+        let min_prio = d
+            .rooms
+            .iter()
+            .map(|r| c.pods[r.pod].priority)
+            .min()
+            .unwrap();
+        for m in &d.plan.moves {
+            assert!(c.pods[m.pod_index].priority <= min_prio, "{m:?}");
+            assert!(d.rooms.iter().all(|r| r.node_name != m.to_node), "{m:?}");
+        }
+        let mut rooms: Vec<&str> = d.rooms.iter().map(|r| r.node_name.as_str()).collect();
+        rooms.sort();
+        rooms.dedup();
+        assert_eq!(rooms.len(), d.rooms.len(), "one node per served pod");
+        for r in &d.rooms {
+            let n = after.node_index(&r.node_name).unwrap();
+            let p = &c.pods[r.pod];
+            assert!(
+                gpu_defrag_core::sched::fits(
+                    p,
+                    &after.nodes[n],
+                    &cap.free[n],
+                    cap.cpu_free[n],
+                    cap.mem_free[n],
+                    cap.pods_free[n]
+                )
+                .is_some(),
+                "{} does not fit on {} after the moves",
+                r.pod_key,
+                r.node_name
+            );
+        }
+        let _ = pol;
+    }
+
+    #[test]
+    fn the_cheapest_room_is_made_and_every_evicted_pod_refits() {
+        let mut c = three_nodes(0);
+        c.pods.push(pending("ml", "train", 8, 0));
+        let c = finish(c);
+        let pol = exact_policy(16);
+        let d = run(&c, &pol, &["ml/train"], DemandLimits::default());
+        check(&c, &pol, &d, 16);
+        assert_eq!(d.rooms[0].node_name, "n0");
+        assert_eq!(d.plan.moves.len(), 2);
+        assert_eq!(d.plan.fenced_nodes, vec!["n0".to_string()]);
+        assert_eq!(d.plan.pending_served, vec!["ml/train".to_string()]);
+        assert!(
+            d.plan.moves[0]
+                .reason
+                .contains("make room for ml/train on n0")
+        );
+    }
+
+    #[test]
+    fn a_pod_of_higher_priority_is_never_evicted_for_it() {
+        let mut c = three_nodes(100);
+        c.pods.push(pending("ml", "train", 8, 0));
+        let c = finish(c);
+        let pol = exact_policy(16);
+        let d = run(&c, &pol, &["ml/train"], DemandLimits::default());
+        check(&c, &pol, &d, 16);
+        assert_eq!(
+            d.rooms[0].node_name, "n1",
+            "n0's pods outrank the served pod"
+        );
+        assert_eq!(d.plan.moves.len(), 3);
+        // Served at priority 100, n0 is the cheapest room again.
+        let mut c = three_nodes(100);
+        c.pods.push(pending("ml", "train", 8, 100));
+        let c = finish(c);
+        let d = run(&c, &pol, &["ml/train"], DemandLimits::default());
+        assert_eq!(d.rooms[0].node_name, "n0");
+    }
+
+    #[test]
+    fn limits_and_the_step_budget_plan_nothing() {
+        let mut c = three_nodes(0);
+        c.pods.push(pending("ml", "train", 8, 0));
+        let c = finish(c);
+        let pol = exact_policy(16);
+        let d = run(
+            &c,
+            &pol,
+            &["ml/train"],
+            DemandLimits {
+                max_evictions: 1,
+                ..DemandLimits::default()
+            },
+        );
+        assert_eq!(d.outcome, DemandOutcome::NoRoom);
+        assert!(d.plan.moves.is_empty());
+        assert!(d.why.contains("limits"), "{}", d.why);
+        let d = run(
+            &c,
+            &pol,
+            &["ml/train"],
+            DemandLimits {
+                max_steps: 2,
+                ..DemandLimits::default()
+            },
+        );
+        assert_eq!(d.outcome, DemandOutcome::BudgetSpent);
+        assert!(d.plan.moves.is_empty());
+        // A PDB that allows no disruption protects the pods it covers.
+        let mut c = three_nodes(0);
+        c.pods.push(pending("ml", "train", 8, 0));
+        for p in c.pods.iter_mut().filter(|p| p.namespace == "a") {
+            std::sync::Arc::make_mut(&mut p.labels).insert("team".into(), "x".into());
+        }
+        c.pdbs.push(Pdb {
+            namespace: "a".into(),
+            name: "all".into(),
+            selector: Some(LabelSelector {
+                match_labels: BTreeMap::from([("team".to_string(), "x".to_string())]),
+                match_expressions: vec![],
+            }),
+            disruptions_allowed: 0,
+            stale: false,
+        });
+        let c = finish(c);
+        let d = run(&c, &pol, &["ml/train"], DemandLimits::default());
+        assert_eq!(d.outcome, DemandOutcome::NoRoom, "{}", d.why);
+    }
+
+    #[test]
+    fn a_gang_gets_a_node_per_member_or_nothing() {
+        // Room for one 8-GPU pod only (the 10 pods fill all but 14 GPUs of 24; two rooms
+        // would leave 10 pods on 8 GPUs).
+        let mut c = three_nodes(0);
+        let mut a = pending("ml", "gang-0", 8, 0);
+        let mut b = pending("ml", "gang-1", 8, 0);
+        a.gang = Some(Gang::Member("pod group g".into()));
+        b.gang = a.gang.clone();
+        c.pods.push(a.clone());
+        c.pods.push(b.clone());
+        let c1 = finish(c);
+        let pol = exact_policy(16);
+        let d = run(
+            &c1,
+            &pol,
+            &["ml/gang-0", "ml/gang-1"],
+            DemandLimits::default(),
+        );
+        assert_eq!(d.outcome, DemandOutcome::NoRoom, "{}", d.why);
+        assert!(d.plan.moves.is_empty() && d.rooms.is_empty());
+        assert!(d.why.contains("gang of 2"), "{}", d.why);
+        // A fourth, empty node: one room as it is, one made.
+        let mut c = three_nodes(0);
+        c.nodes.push(node("n3", 8, Granularity::Node));
+        c.pods.push(a);
+        c.pods.push(b);
+        let c2 = finish(c);
+        let d = run(
+            &c2,
+            &pol,
+            &["ml/gang-0", "ml/gang-1"],
+            DemandLimits::default(),
+        );
+        check(&c2, &pol, &d, 16);
+        assert_eq!(d.rooms.len(), 2);
+        assert_eq!(d.plan.moves.len(), 2);
+    }
+
+    #[test]
+    fn shares_make_room_on_the_cheapest_gpus() {
+        // Device granularity: two 4-GPU nodes; m0 has a 0.5 share on each GPU, m1 has a
+        // 0.5 share on GPU 0 and GPU 1. A 2-GPU pod needs m1's two free GPUs: no move.
+        // A 4-GPU pod needs m1 cleared of its two shares, which re-fit on m0.
+        let mut c = Cluster {
+            nodes: vec![
+                node("m0", 4, Granularity::Device),
+                node("m1", 4, Granularity::Device),
+            ],
+            ..Default::default()
+        };
+        bind(&mut c, pod("a", "s0", "r0"), 0, &[0], 500);
+        bind(&mut c, pod("a", "s1", "r1"), 0, &[1], 500);
+        bind(&mut c, pod("a", "s2", "r2"), 1, &[0], 500);
+        bind(&mut c, pod("a", "s3", "r3"), 1, &[1], 500);
+        let mut big = pending("ml", "big", 4, 0);
+        big.scheme = Some(Scheme::Hami);
+        c.pods.push(big);
+        let c = finish(c);
+        let pol = exact_policy(16);
+        let d = run(&c, &pol, &["ml/big"], DemandLimits::default());
+        check(&c, &pol, &d, 16);
+        assert_eq!(d.plan.moves.len(), 2);
+        for m in &d.plan.moves {
+            assert_ne!(m.to_node, d.rooms[0].node_name);
+        }
+    }
+
+    #[test]
+    fn waiting_pods_are_grouped_and_filtered() {
+        let mut c = three_nodes(0);
+        let t0 = Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap();
+        let mut fresh = pending("ml", "fresh", 8, 0);
+        fresh.unschedulable_since = Some(t0 + Duration::minutes(55));
+        let mut other = pending("ml", "other-scheduler", 8, 0);
+        other.scheduler = "default-scheduler".into();
+        let mut small = pending("ml", "small", 1, 0);
+        small.unschedulable_since = Some(t0);
+        let mut g0 = pending("ml", "g0", 8, 0);
+        let mut g1 = pending("ml", "g1", 8, 0);
+        g0.gang = Some(Gang::Member("pod group g".into()));
+        g1.gang = g0.gang.clone();
+        g1.unschedulable_since = Some(t0 + Duration::minutes(1));
+        let mut unknown = pending("ml", "unknown-gang", 8, 0);
+        unknown.gang = Some(Gang::Unknown("pod group h".into()));
+        let mut out_of_scope = pending("kube-system", "x", 8, 0);
+        out_of_scope.unschedulable_since = Some(t0);
+        for p in [
+            fresh,
+            other,
+            small,
+            g0,
+            g1,
+            unknown,
+            out_of_scope,
+            pending("ml", "old", 8, 0),
+        ] {
+            c.pods.push(p);
+        }
+        let c = finish(c);
+        let pol = Policy {
+            scope: gpu_defrag_core::policy::Scope {
+                exclude: vec!["kube-system".into()],
+                ..Default::default()
+            },
+            ..exact_policy(16)
+        };
+        let now = t0 + Duration::hours(1);
+        let keys = |groups: Vec<Vec<usize>>| -> Vec<Vec<String>> {
+            groups
+                .into_iter()
+                .map(|g| g.into_iter().map(|i| c.pods[i].key()).collect())
+                .collect()
+        };
+        // The 1-GPU pod fits (n0 has 6 free GPUs): not waiting for room.
+        assert_eq!(
+            keys(waiting(&c, &pol, now, Duration::minutes(10))),
+            vec![
+                vec!["ml/g0".to_string(), "ml/g1".to_string()],
+                vec!["ml/old".to_string()],
+            ]
+        );
+        assert_eq!(
+            keys(waiting(&c, &pol, now, Duration::minutes(1))).len(),
+            3,
+            "with a 1-minute wait the fresh pod waits too"
+        );
+    }
+}
