@@ -128,6 +128,70 @@ pub struct DefragPolicySpec {
     /// (`Nominate`, default) or wherever the scheduler puts it (`Scheduler`).
     #[serde(default)]
     pub landing: Landing,
+
+    /// Demand runs: make room now for a pending GPU pod (or a whole gang) that fits no
+    /// node, with the room held for it. Off unless set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub demand: Option<Demand>,
+}
+
+/// Demand runs. A pending GPU pod in the policy's scope, placed by one of
+/// `safety.binpackSchedulers`, unschedulable for at least `minWait` and fitting no node,
+/// starts a demand run in `Enforce` mode: the fewest, cheapest evictions that make room
+/// for it on one node and re-place every evicted pod elsewhere, never of a pod of higher
+/// priority than its own, under every safety rule and limit. The room is fenced while it
+/// drains; then the pod is nominated onto it and the fence lifted. A gang (PodGroup or
+/// gang label) is served whole, a node per member, or not at all.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Demand {
+    /// How long a pod must have been unschedulable before a demand run serves it.
+    /// Default 10m.
+    #[serde(default = "default_demand_min_wait")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 32))]
+    pub min_wait: String,
+    /// Run demand runs outside the maintenance windows too. Default false: only while a
+    /// window is open.
+    #[serde(default)]
+    pub outside_windows: bool,
+    /// Most evictions one demand run may make. Default 16.
+    #[serde(default = "default_demand_max_evictions")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_evictions: i32,
+    /// Most evictions demand runs of this policy may make in any hour. Default 64.
+    #[serde(default = "default_demand_per_hour")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub max_evictions_per_hour: i32,
+    /// How long the room is held for the pod once it is free: if the pod has not bound
+    /// there by then, the nomination is cleared and the run ends `Stalled`. Default 5m.
+    #[serde(default = "default_demand_hold")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 32))]
+    pub hold_timeout: String,
+}
+
+impl Default for Demand {
+    fn default() -> Self {
+        Self {
+            min_wait: default_demand_min_wait(),
+            outside_windows: false,
+            max_evictions: default_demand_max_evictions(),
+            max_evictions_per_hour: default_demand_per_hour(),
+            hold_timeout: default_demand_hold(),
+        }
+    }
+}
+
+fn default_demand_min_wait() -> String {
+    "10m".into()
+}
+fn default_demand_max_evictions() -> i32 {
+    16
+}
+fn default_demand_per_hour() -> i32 {
+    64
+}
+fn default_demand_hold() -> String {
+    "5m".into()
 }
 
 /// Landing control: the replacement of an evicted pod is held at creation (scheduling gate
@@ -545,6 +609,56 @@ pub struct DefragPolicyStatus {
     /// see the `IdleData` condition).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_allocated: Option<IdleAllocatedSummary>,
+    /// Demand runs: who waits now, and the pods served recently (only with `demand`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub demand: Option<DemandStatus>,
+}
+
+/// What demand runs see and did.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DemandStatus {
+    /// Pending GPU pods (or gangs) a demand run would serve now: waited `minWait`, fit no
+    /// node.
+    #[serde(default)]
+    pub waiting: i64,
+    /// Evictions of demand runs in the last hour (against `maxEvictionsPerHour`).
+    #[serde(default)]
+    pub evictions_last_hour: i64,
+    /// The latest demand decisions, newest first (at most 5).
+    #[serde(default)]
+    pub recent: Vec<DemandRecord>,
+}
+
+/// One demand decision: a run that served (or failed to serve) pods, or a search that
+/// found no room.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DemandRecord {
+    /// `namespace/name` of the pods served (a gang's members; the first 4).
+    pub pods: Vec<String>,
+    /// The nodes made room on, one per pod (the first 4).
+    #[serde(default)]
+    pub nodes: Vec<String>,
+    /// How long the first pod had been unschedulable when the run started, seconds.
+    #[serde(default)]
+    pub waited_seconds: i64,
+    /// Evictions spent.
+    #[serde(default)]
+    pub evictions: i64,
+    /// `Running`, `Served` (every pod bound on its room), `NoRoom` (no room can be made
+    /// within the rules and limits), `BudgetSpent` (the search ran out of steps, or the
+    /// hourly allowance is spent), `Stalled` (a pod did not bind on its room within
+    /// `holdTimeout`, or the run ended otherwise; the message says).
+    pub result: String,
+    /// Why.
+    #[serde(default)]
+    pub message: String,
+    /// When (RFC 3339).
+    pub at: String,
+    /// The demand run's id (absent for a search that planned nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
 }
 
 /// A status condition (same shape as `metav1.Condition`).
@@ -845,6 +959,28 @@ pub struct RunRecord {
     /// Fully free GPUs at the end.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fully_free_gpus_after: Option<i64>,
+    /// A demand run: the pods it serves and their rooms (absent for window runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub demand: Option<DemandRun>,
+}
+
+/// The pods a demand run serves.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DemandRun {
+    /// `namespace/name` of each served pod.
+    pub pods: Vec<String>,
+    /// UID of each served pod (a pod re-created under the same name is not the one served).
+    #[serde(default)]
+    pub uids: Vec<String>,
+    /// The room of each served pod.
+    pub nodes: Vec<String>,
+    /// How long the first pod had been unschedulable when the run started, seconds.
+    #[serde(default)]
+    pub waited_seconds: i64,
+    /// How each served pod fared: `Binding` until it binds on its room, then `Served`.
+    #[serde(default)]
+    pub served: Vec<String>,
 }
 
 #[cfg(test)]

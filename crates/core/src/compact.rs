@@ -80,6 +80,8 @@ pub struct CompactPod {
     /// Since when the scheduler has found no node for it: the last transition of its
     /// `PodScheduled` condition, when that is `False` with reason `Unschedulable`.
     pub unschedulable_since: Option<DateTime<Utc>>,
+    /// `status.nominatedNodeName`.
+    pub nominated_node: Option<String>,
 }
 
 /// A Kubernetes time as chrono's.
@@ -183,6 +185,9 @@ impl CompactPod {
                 })
                 .and_then(|c| c.last_transition_time.as_ref())
                 .and_then(to_chrono),
+            nominated_node: status
+                .and_then(|s| s.nominated_node_name.clone())
+                .filter(|n| !n.is_empty()),
         }
     }
 

@@ -147,6 +147,23 @@ pub struct Policy {
     pub landing_control: bool,
     /// The longest a replacement is held.
     pub hold_timeout: Duration,
+    /// Demand runs (`spec.demand`), when set.
+    pub demand: Option<DemandPolicy>,
+}
+
+/// `spec.demand`, read.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DemandPolicy {
+    /// How long a pod must have been unschedulable before it is served.
+    pub min_wait: Duration,
+    /// Demand runs outside the maintenance windows too.
+    pub outside_windows: bool,
+    /// Most evictions per demand run.
+    pub max_evictions: u32,
+    /// Most evictions of demand runs in any hour.
+    pub max_evictions_per_hour: u32,
+    /// How long the room is held for the pod once free.
+    pub hold_timeout: Duration,
 }
 
 impl Default for Policy {
@@ -356,8 +373,37 @@ impl Policy {
             max_pending_gpu_pods: nonneg("spec.safety.maxPendingGpuPods", s.max_pending_gpu_pods)?,
             landing_control: spec.landing.mode == LandingMode::Nominate,
             hold_timeout: hold_timeout(&spec.landing.hold_timeout)?,
+            demand: spec.demand.as_ref().map(demand_policy).transpose()?,
         })
     }
+}
+
+/// Reads `spec.demand`.
+fn demand_policy(d: &gpu_defrag_api::v1alpha1::Demand) -> Result<DemandPolicy, PolicyError> {
+    let min_wait = parse_duration(&d.min_wait).map_err(|m| err("spec.demand.minWait", m))?;
+    let hold = parse_duration(&d.hold_timeout).map_err(|m| err("spec.demand.holdTimeout", m))?;
+    if hold < Duration::from_secs(1) || hold > Duration::from_secs(3600) {
+        return Err(err(
+            "spec.demand.holdTimeout",
+            format!("{:?} is outside 1s..1h", d.hold_timeout),
+        ));
+    }
+    let positive = |field: &str, v: i32| -> Result<u32, PolicyError> {
+        if v < 1 {
+            return Err(err(field, format!("must be at least 1, got {v}")));
+        }
+        Ok(v as u32)
+    };
+    Ok(DemandPolicy {
+        min_wait,
+        outside_windows: d.outside_windows,
+        max_evictions: positive("spec.demand.maxEvictions", d.max_evictions)?,
+        max_evictions_per_hour: positive(
+            "spec.demand.maxEvictionsPerHour",
+            d.max_evictions_per_hour,
+        )?,
+        hold_timeout: hold,
+    })
 }
 
 /// Reads `landing.holdTimeout`: 1s to 5m.

@@ -133,6 +133,10 @@ pub enum EventReason {
     RunAbandoned,
     /// A run did every move but realised less than half of the forecast drop.
     BenefitNotRealized,
+    /// A demand run is making room for a pending pod (on the pod).
+    MakingRoom,
+    /// A demand run's pod did not bind on its room, or no room can be made (on the pod).
+    NoRoom,
 }
 
 impl EventReason {
@@ -152,6 +156,8 @@ impl EventReason {
             EventReason::RunFinished => "RunFinished",
             EventReason::RunAbandoned => "RunAbandoned",
             EventReason::BenefitNotRealized => "BenefitNotRealized",
+            EventReason::MakingRoom => "MakingRoom",
+            EventReason::NoRoom => "NoRoom",
         }
     }
 }
@@ -372,6 +378,17 @@ impl Ctx {
         self.events
             .publish(&policy.object_ref(&()), type_, reason, note, secondary)
             .await
+    }
+
+    /// Publishes an event on another object (a pending pod a demand run serves).
+    pub async fn event_on(
+        &self,
+        object: &ObjectReference,
+        type_: EventType,
+        reason: EventReason,
+        note: String,
+    ) -> bool {
+        self.events.publish(object, type_, reason, note, None).await
     }
 
     /// Stops a run task (it leaves its record; the caller decides what to do with it).

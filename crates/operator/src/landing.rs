@@ -404,6 +404,24 @@ impl Landing {
         done == Nomination::Set
     }
 
+    /// Clears the nomination of a pending pod a demand run held a room for (the hold is
+    /// over); true when cleared or nothing to clear.
+    pub async fn clear_nominated(&self, namespace: &str, name: &str) -> bool {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let patch = json!({"status": {"nominatedNodeName": null}});
+        match api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => true,
+            Err(kube::Error::Api(s)) if s.code == 404 => true,
+            Err(e) => {
+                warn!(pod = %format!("{namespace}/{name}"), error = %e, "could not clear the nomination of a held pod; the scheduler clears it at its next failed attempt");
+                false
+            }
+        }
+    }
+
     async fn set_nominated(
         &self,
         namespace: &str,

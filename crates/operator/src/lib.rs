@@ -19,6 +19,7 @@ pub mod apiclient;
 pub mod cli;
 pub mod context;
 pub mod controller;
+pub mod demand;
 pub mod dra;
 pub mod executor;
 pub mod http;

@@ -123,6 +123,7 @@ struct Seen {
     runs: BTreeSet<String>,
     errors: BTreeSet<String>,
     landings: BTreeSet<String>,
+    demand: BTreeSet<String>,
 }
 
 struct Inner {
@@ -152,6 +153,10 @@ struct Inner {
     landings: Family<ResultLabels, Counter>,
     landing_actions: Family<KindLabel, Counter>,
     landing_stuck: Gauge,
+    demand_waiting: Family<PolicyLabel, Gauge>,
+    demand_runs: Family<ResultLabels, Counter>,
+    demand_wait: HistogramFamily<PolicyLabel>,
+    demand_evictions: Family<PolicyLabel, Counter>,
     seen: Mutex<BTreeMap<String, Seen>>,
     /// `None` unless per-GPU series are enabled.
     gpu_used: Option<Family<GpuLabels, Gauge>>,
@@ -166,6 +171,11 @@ pub struct Metrics(Arc<Inner>);
 fn run_histogram() -> Histogram {
     // 1s .. ~4.5h: a run waits for replacements to become Ready.
     Histogram::new(exponential_buckets(1.0, 2.0, 15))
+}
+
+fn wait_histogram() -> Histogram {
+    // 1s .. ~9h: how long a pod waited for its room.
+    Histogram::new(exponential_buckets(1.0, 2.0, 16))
 }
 
 fn to_i64(v: u64) -> i64 {
@@ -216,6 +226,10 @@ impl Metrics {
             landings: Family::default(),
             landing_actions: Family::default(),
             landing_stuck: Gauge::default(),
+            demand_waiting: Family::default(),
+            demand_runs: Family::default(),
+            demand_wait: Family::new_with_constructor(wait_histogram as fn() -> Histogram),
+            demand_evictions: Family::default(),
             seen: Mutex::default(),
             gpu_used: per_gpu.then(Family::default),
             gpus_seen: Mutex::default(),
@@ -343,6 +357,27 @@ impl Metrics {
             "landing_stuck_pods",
             "Pods still held by the landing gate past their hold timeout (the gate could not be removed)",
             inner.landing_stuck.clone(),
+        );
+        r.register(
+            "demand_waiting",
+            "Pending GPU pods (gangs counted once) a demand run would serve now: waited demand.minWait, fit no node",
+            inner.demand_waiting.clone(),
+        );
+        r.register(
+            "demand_runs",
+            "Demand runs and searches by result (Served, Stalled, NoRoom, BudgetSpent)",
+            inner.demand_runs.clone(),
+        );
+        r.register_with_unit(
+            "demand_wait",
+            "How long each pod a demand run served had been unschedulable when it bound",
+            Unit::Seconds,
+            inner.demand_wait.clone(),
+        );
+        r.register(
+            "demand_evictions",
+            "Evictions spent by demand runs",
+            inner.demand_evictions.clone(),
         );
         if let Some(f) = &inner.gpu_used {
             r.register(
@@ -579,6 +614,35 @@ impl Metrics {
             .observe(seconds);
     }
 
+    /// Sets how many groups wait for a demand run.
+    pub fn set_demand_waiting(&self, policy_name: &str, groups: u64) {
+        self.0
+            .demand_waiting
+            .get_or_create(&policy(policy_name))
+            .set(to_i64(groups));
+    }
+
+    /// Counts a demand run or search by `result`; `evictions` it spent; the waits of the
+    /// pods it served (seconds from unschedulable to bound).
+    pub fn demand_finished(&self, policy_name: &str, result: &str, evictions: u64, waits: &[f64]) {
+        self.remember(policy_name, |s| &mut s.demand, result);
+        self.0
+            .demand_runs
+            .get_or_create(&ResultLabels {
+                policy: policy_name.to_string(),
+                result: result.to_string(),
+            })
+            .inc();
+        self.0
+            .demand_evictions
+            .get_or_create(&policy(policy_name))
+            .inc_by(evictions);
+        let h = self.0.demand_wait.get_or_create(&policy(policy_name));
+        for w in waits {
+            h.observe(*w);
+        }
+    }
+
     /// Counts a reconcile error; `kind` is the error's low-cardinality label.
     pub fn reconcile_error(&self, policy_name: &str, kind: &str) {
         self.remember(policy_name, |s| &mut s.errors, kind);
@@ -660,6 +724,9 @@ impl Metrics {
         m.fragment_rate.remove(&l);
         m.min_fragment_rate.remove(&l);
         m.run_duration.remove(&l);
+        m.demand_waiting.remove(&l);
+        m.demand_wait.remove(&l);
+        m.demand_evictions.remove(&l);
         let seen = m
             .seen
             .lock()
@@ -690,6 +757,12 @@ impl Metrics {
         }
         for result in seen.runs {
             m.runs.remove(&ResultLabels {
+                policy: p(),
+                result,
+            });
+        }
+        for result in seen.demand {
+            m.demand_runs.remove(&ResultLabels {
                 policy: p(),
                 result,
             });

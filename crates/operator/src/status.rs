@@ -529,6 +529,25 @@ mod bounds {
                 "4h",
                 "2026-01-01T00:00:00Z",
             )),
+            // Demand records at their bound: 10, each for a gang of 16 long names with
+            // the longest message.
+            demand: Some(gpu_defrag_api::v1alpha1::DemandStatus {
+                waiting: 1000,
+                evictions_last_hour: 64,
+                recent: (0..crate::demand::RECENT)
+                    .map(|i| gpu_defrag_api::v1alpha1::DemandRecord {
+                        pods: (0..crate::demand::MAX_SERVED).map(pod_key).collect(),
+                        nodes: (0..crate::demand::MAX_SERVED).map(node_name).collect(),
+                        waited_seconds: 86_400,
+                        evictions: 16,
+                        result: "NoRoom".into(),
+                        message: "x".repeat(crate::demand::MAX_MESSAGE + 100),
+                        at: "2026-01-01T00:00:00Z".into(),
+                        run: Some(format!("run-{i}")),
+                    })
+                    .map(crate::demand::bounded)
+                    .collect(),
+            }),
         };
         let bytes = serde_json::to_vec(&status).unwrap().len();
         eprintln!(

@@ -186,6 +186,14 @@ pub fn run_decision(s: &Situation, running: bool) -> RunDecision {
     let restarted =
         "the operator restarted outside the run's window (or the policy changed); fences removed";
     match (&s.old.active_run, s.open) {
+        // A demand run serves pods that waited then: after a restart its pods, if they
+        // still wait, get a new demand run on a fresh plan.
+        (Some(active), _) if active.demand.is_some() && stop.is_none() => RunDecision::Abandon(
+            RunResult::Aborted,
+            "the operator restarted during a demand run; fences removed (its pods are served \
+             again if they still wait)"
+                .to_string(),
+        ),
         (Some(active), Some(_)) if may_act => match parse_ts(&active.window_end) {
             Some(end) if end > s.now => RunDecision::Resume {
                 record: Box::new(active.clone()),
@@ -211,7 +219,8 @@ pub fn run_decision(s: &Situation, running: bool) -> RunDecision {
             let already = s
                 .old
                 .last_runs
-                .first()
+                .iter()
+                .find(|r| r.demand.is_none())
                 .and_then(|r| parse_ts(&r.window_end))
                 .is_some_and(|end| end > s.now);
             if already {
@@ -404,6 +413,7 @@ pub fn status(
         last_runs: Vec::new(),
         skipped,
         idle_allocated: idle.and_then(|v| v.summary.clone()),
+        demand: None,
     }
 }
 

@@ -21,6 +21,7 @@ use tracing::{info, warn};
 use super::decide::{self, IdleView, Invalid, RunDecision, Situation};
 use crate::apiclient;
 use crate::context::{Ctx, Error, EventReason, Observed, RECONCILE_MANAGER, patch_status};
+use crate::demand;
 use crate::executor::{self, evictor::Evictor, fences};
 use crate::metrics::ReportNumbers;
 use crate::objects::ts;
@@ -28,6 +29,9 @@ use crate::status;
 
 /// An outage whose event could not be published is told again this soon.
 const RETELL_OUTAGES: Duration = Duration::from_secs(10);
+
+/// With `demand` set, a reconcile comes back this soon while GPU pods wait for room.
+const DEMAND_RECHECK: Duration = Duration::from_secs(10);
 
 /// A dry-run check is repeated at most this often for an unchanged plan.
 pub const DRY_RUN_EVERY: Duration = Duration::from_secs(300);
@@ -69,7 +73,25 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
             .await;
     }
     let running = ctx.run_alive(&dp.name_any()).await;
-    let run_note = act(&ctx, &dp, &policy, decide::run_decision(&s, running)).await?;
+    let decision = decide::run_decision(&s, running);
+    let idle_now = !running
+        && old.active_run.is_none()
+        && matches!(
+            decision,
+            RunDecision::Nothing | RunDecision::RemoveStaleFences
+        );
+    let mut run_note = act(&ctx, &dp, &policy, decision).await?;
+    let considered = policy.demand.as_ref().map(|d| {
+        let may_start = idle_now
+            && s.enforce
+            && !s.suspended
+            && s.conflict.is_none()
+            && (s.open.is_some() || d.outside_windows);
+        demand::consider(d, &policy, &obs.cluster, &old, now, may_start)
+    });
+    if let Some(c) = &considered {
+        act_on_demand(&ctx, &dp, &policy, c, s.open, now, &mut run_note).await;
+    }
     let check = check(&ctx, &dp, &obs.plan).await;
     let window = windows.status(now);
     let wanted = decide::conditions(
@@ -81,7 +103,7 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
         idle.as_ref(),
     );
     let conds = status::conditions(&old.conditions, &wanted, dp.metadata.generation, &ts(now));
-    let st = decide::status(
+    let mut st = decide::status(
         &s,
         conds,
         dp.metadata.generation,
@@ -89,6 +111,7 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
         check,
         idle.as_ref(),
     );
+    st.demand = considered.as_ref().map(|c| c.status.clone());
     write_status(&ctx, &dp.name_any(), &old, &st).await?;
     record_metrics(
         &ctx,
@@ -103,6 +126,10 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
     let mut requeue = decide::requeue_after(&windows, now);
     if !outages_told {
         requeue = requeue.min(RETELL_OUTAGES);
+    }
+    // Demand runs look again soon while a GPU pod waits for room.
+    if considered.is_some() && (obs.report.pending_unplaceable > 0 || running) {
+        requeue = requeue.min(DEMAND_RECHECK);
     }
     Ok(Action::requeue(requeue))
 }
@@ -218,6 +245,61 @@ async fn refuse(
     Ok(Action::requeue(decide::INVALID_RESYNC))
 }
 
+/// Starts the demand run decided, if any; tells the pods no room can be made for, once
+/// per new finding; exports the demand series.
+async fn act_on_demand(
+    ctx: &Arc<Ctx>,
+    dp: &Arc<DefragPolicy>,
+    policy: &Policy,
+    c: &demand::Considered,
+    open: Option<gpu_defrag_core::windows::Span>,
+    now: DateTime<Utc>,
+    note: &mut String,
+) {
+    let name = dp.name_any();
+    ctx.metrics.set_demand_waiting(&name, c.waiting as u64);
+    for r in &c.new_records {
+        ctx.metrics.demand_finished(&name, &r.result, 0, &[]);
+        info!(policy = %name, pods = ?r.pods, result = %r.result, why = %r.message, "demand: no run");
+        for key in &r.pods {
+            let Some((ns, pod)) = key.split_once('/') else {
+                continue;
+            };
+            let Some(p) = ctx
+                .pods
+                .get(&kube::runtime::reflector::ObjectRef::new(pod).within(ns))
+            else {
+                continue;
+            };
+            let msg = format!("gpu-defrag can make no room ({}): {}", r.result, r.message);
+            ctx.event_on(
+                &p.object_reference(),
+                EventType::Normal,
+                EventReason::NoRoom,
+                msg,
+            )
+            .await;
+        }
+    }
+    let Some(start) = c.start.clone() else {
+        return;
+    };
+    let end = match open {
+        Some(span) => span.end,
+        None => now + demand::OUTSIDE_WINDOW_RUN,
+    };
+    info!(policy = %name, pods = ?start.run.pods, nodes = ?start.run.nodes, evictions = start.plan.plan.moves.len(), "demand run started");
+    *note = format!("demand run started: {}", start.plan.why);
+    executor::start(
+        ctx.clone(),
+        dp.clone(),
+        policy.clone(),
+        end,
+        executor::Start::Demand(Box::new(start)),
+    )
+    .await;
+}
+
 /// Carries out the run decision; says what it did (empty: nothing new).
 async fn act(
     ctx: &Arc<Ctx>,
@@ -231,7 +313,14 @@ async fn act(
         RunDecision::Resume { record, end } => {
             info!(policy = %name, run = %record.id, "resuming run after restart");
             let note = format!("resumed run {}", record.id);
-            executor::start(ctx.clone(), dp.clone(), policy.clone(), end, Some(*record)).await;
+            executor::start(
+                ctx.clone(),
+                dp.clone(),
+                policy.clone(),
+                end,
+                executor::Start::Resume(record),
+            )
+            .await;
             note
         }
         RunDecision::Stop(why) => {
@@ -245,7 +334,14 @@ async fn act(
             String::new()
         }
         RunDecision::Start(end) => {
-            executor::start(ctx.clone(), dp.clone(), policy.clone(), end, None).await;
+            executor::start(
+                ctx.clone(),
+                dp.clone(),
+                policy.clone(),
+                end,
+                executor::Start::Window,
+            )
+            .await;
             "run started".into()
         }
         RunDecision::RemoveStaleFences => {

@@ -37,6 +37,7 @@ use tracing::{info, warn};
 use crate::context::{
     Ctx, EXECUTOR_MANAGER, Error, EventReason, RunHandle, StopRequest, history_of, patch_status,
 };
+use crate::demand::{DemandStart, SERVED};
 use crate::objects::{CachedPod, ts};
 use crate::status;
 use evictor::{EvictionResult, Evictor};
@@ -44,20 +45,30 @@ use fences::Fences;
 use outcome::Stop;
 use waits::{POLL, Wait, Waits, Workload};
 
+/// How a run starts: a window run (new or resumed) or a demand run.
+pub enum Start {
+    /// A window run, planned at its start.
+    Window,
+    /// A window run resumed from its record.
+    Resume(Box<RunRecord>),
+    /// A demand run with its plan.
+    Demand(Box<DemandStart>),
+}
+
 /// Starts (or resumes) a run in its own task.
 pub async fn start(
     ctx: Arc<Ctx>,
     dp: Arc<DefragPolicy>,
     policy: Policy,
     window_end: DateTime<Utc>,
-    resume: Option<RunRecord>,
+    how: Start,
 ) {
     let name = dp.name_any();
     let c2 = ctx.clone();
     let stop = StopRequest::default();
     let s2 = stop.clone();
     let task = tokio::spawn(async move {
-        if let Err(e) = run(c2.clone(), dp.clone(), policy, window_end, resume, s2).await {
+        if let Err(e) = run(c2.clone(), dp.clone(), policy, window_end, how, s2).await {
             warn!(policy = %dp.name_any(), error = %e, "run failed; its record is ended by the next reconcile");
             c2.metrics.reconcile_error(&dp.name_any(), e.kind());
         }
@@ -121,12 +132,12 @@ async fn run(
     dp: Arc<DefragPolicy>,
     policy: Policy,
     window_end: DateTime<Utc>,
-    resume: Option<RunRecord>,
+    how: Start,
     stop: StopRequest,
 ) -> Result<(), Error> {
     let name = dp.name_any();
     let landing = ctx.landing.clone();
-    let result = run_steps(ctx, dp, policy, window_end, resume, stop).await;
+    let result = run_steps(ctx, dp, policy, window_end, how, stop).await;
     // Whatever the end, no replacement of this run is expected any more.
     landing.forget_policy(&name);
     result
@@ -138,10 +149,10 @@ async fn run_steps(
     dp: Arc<DefragPolicy>,
     policy: Policy,
     window_end: DateTime<Utc>,
-    resume: Option<RunRecord>,
+    how: Start,
     stop: StopRequest,
 ) -> Result<(), Error> {
-    let (mut run, steps) = Run::plan(ctx, dp, policy, window_end, resume, stop).await;
+    let (mut run, steps) = Run::plan(ctx, dp, policy, window_end, how, stop).await;
     // 1. Record first, so a restart can resume or clean up.
     run.record_start().await?;
     // 2. Fence. 3–5. Evict, pace, wait. A step that fails takes the fences back first.
@@ -162,11 +173,26 @@ async fn run_steps(
     // Moves in flight finish, even after the window closed (not after a stop request).
     run.finish_in_flight(&mut stop).await;
     // 6. Nominate the queued pods onto the nodes emptied for them while the fences still
-    // keep every other pod off, unfence, record.
-    if !matches!(stop, Some(Stop::Requested(_))) {
+    // keep every other pod off, unfence, record. A demand run nominates each served pod
+    // onto its room and holds it there until the pod binds.
+    let demand = run.rec.demand.is_some();
+    let room_made = stop.is_none() && run.given_up.is_empty();
+    if demand && room_made {
+        run.nominate_rooms().await;
+    } else if !matches!(stop, Some(Stop::Requested(_))) && !demand {
         run.nominate_pending().await;
     }
     fences::remove(&run.ctx.client, &run.name, &run.rec).await?;
+    if demand {
+        if room_made {
+            stop = run.hold().await;
+        } else {
+            stop.get_or_insert_with(|| {
+                Stop::Stalled("some evictions of the room were refused or no longer safe: the room was not made".into())
+            });
+            run.release().await;
+        }
+    }
     run.record_end(stop).await
 }
 
@@ -204,6 +230,9 @@ struct Run {
     /// Capacity they take is benefit realised, so the verdict on the forecast leaves them
     /// out. `None` for a resumed run (no verdict then).
     queued: Option<HashSet<String>>,
+    /// A demand run: since when its first pod is unschedulable (waits are measured from
+    /// it).
+    demand_since: Option<DateTime<Utc>>,
 }
 
 impl Run {
@@ -215,30 +244,54 @@ impl Run {
         dp: Arc<DefragPolicy>,
         policy: Policy,
         window_end: DateTime<Utc>,
-        resume: Option<RunRecord>,
+        how: Start,
         stop: StopRequest,
     ) -> (Self, Vec<Step>) {
         let name = dp.name_any();
         let old = dp.status.clone().unwrap_or_default();
+        let (resume, demand) = match how {
+            Start::Window => (None, None),
+            Start::Resume(r) => (Some(*r), None),
+            Start::Demand(d) => (None, Some(*d)),
+        };
         let obs = ctx.observe(&policy, resume.as_ref(), Utc::now());
-        let queued = resume.is_none().then(|| {
-            obs.cluster
-                .pods
-                .iter()
-                .filter(|p| p.is_pending() && p.shape.is_some_and(|s| s.gpus > 0))
-                .filter(|p| !p.uid.is_empty())
-                .map(|p| p.uid.clone())
-                .collect()
-        });
-        let mut plan = obs.plan;
+        let queued = match &demand {
+            Some(d) => Some(
+                d.run
+                    .uids
+                    .iter()
+                    .filter(|u| !u.is_empty())
+                    .cloned()
+                    .collect(),
+            ),
+            None => resume.is_none().then(|| {
+                obs.cluster
+                    .pods
+                    .iter()
+                    .filter(|p| p.is_pending() && p.shape.is_some_and(|s| s.gpus > 0))
+                    .filter(|p| !p.uid.is_empty())
+                    .map(|p| p.uid.clone())
+                    .collect()
+            }),
+        };
+        let demand_since = demand.as_ref().map(|d| d.since);
+        let demand_run = demand.as_ref().map(|d| d.run.clone());
+        let mut plan = match demand {
+            Some(d) => d.plan.plan,
+            None => obs.plan,
+        };
         let mut rec = resume.clone().unwrap_or_else(|| RunRecord {
-            id: format!("{}-{}", name, obs.now.format("%Y%m%dt%H%M%S")),
+            id: match &demand_run {
+                Some(_) => format!("{}-demand-{}", name, obs.now.format("%Y%m%dt%H%M%S")),
+                None => format!("{}-{}", name, obs.now.format("%Y%m%dt%H%M%S")),
+            },
             started_at: ts(obs.now),
             window_end: ts(window_end),
             result: RunResult::Running.as_str().into(),
             planned: plan.moves.len() as i64,
             fragment_rate_before: obs.report.fragment_rate,
             fully_free_gpus_before: obs.report.fully_free_gpus as i64,
+            demand: demand_run,
             ..Default::default()
         });
         // The record lists every pod the run evicts.
@@ -277,7 +330,14 @@ impl Run {
             .moves
             .into_iter()
             .map(|m| {
-                let pod = obs.cluster.pods.get(m.pod_index);
+                // A demand plan was made on the reconcile's snapshot: its indices are
+                // checked against the key (the pod is found by key otherwise).
+                let pod = obs
+                    .cluster
+                    .pods
+                    .get(m.pod_index)
+                    .filter(|p| p.key() == m.pod)
+                    .or_else(|| obs.cluster.pods.iter().find(|p| p.key() == m.pod));
                 Step {
                     uid: pod.map(|p| p.uid.clone()).unwrap_or_default(),
                     workload: pod
@@ -309,6 +369,7 @@ impl Run {
             stop,
             given_up: BTreeSet::new(),
             queued,
+            demand_since,
         };
         (run, steps)
     }
@@ -318,9 +379,21 @@ impl Run {
         write_runs(&self.ctx, &self.name, Some(&self.rec), &self.last_runs).await
     }
 
-    /// Records the run before it acts; announces a new run.
+    /// Records the run before it acts; announces a new run (a demand run on its pods too).
     async fn record_start(&self) -> Result<(), Error> {
         self.write().await?;
+        if let Some(d) = &self.rec.demand {
+            for (key, node) in d.pods.iter().zip(&d.nodes) {
+                let k = self.rec.planned;
+                let note = format!(
+                    "gpu-defrag is making room on {node}: {k} eviction{} (run {})",
+                    if k == 1 { "" } else { "s" },
+                    self.rec.id
+                );
+                self.event_on_pod(key, EventType::Normal, EventReason::MakingRoom, note)
+                    .await;
+            }
+        }
         if !self.resumed {
             let note = format!(
                 "run {}: {} evictions planned, fragment rate {:.3}, window ends {}",
@@ -621,6 +694,158 @@ impl Run {
         }
     }
 
+    /// Publishes an event on a pod by key (nothing when it is not in the cache).
+    async fn event_on_pod(&self, key: &str, type_: EventType, reason: EventReason, note: String) {
+        let Some((ns, name)) = key.split_once('/') else {
+            return;
+        };
+        if let Some(p) = self.ctx.pods.get(&ObjectRef::new(name).within(ns)) {
+            self.ctx
+                .event_on(&p.object_reference(), type_, reason, note)
+                .await;
+        }
+    }
+
+    /// A demand run's served pods that are still the pods served (same UID) and pending,
+    /// with their rooms: (index, namespace, name, room).
+    fn unbound_served(&self) -> Vec<(usize, String, String, String)> {
+        let Some(d) = &self.rec.demand else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (i, key) in d.pods.iter().enumerate() {
+            let (Some((ns, name)), Some(node)) = (key.split_once('/'), d.nodes.get(i)) else {
+                continue;
+            };
+            let Some(p) = self.ctx.pods.get(&ObjectRef::new(name).within(ns)) else {
+                continue;
+            };
+            let same = d.uids.get(i).is_none_or(|u| u.is_empty() || *u == p.uid);
+            if same && p.node_name.is_none() {
+                out.push((i, ns.to_string(), name.to_string(), node.clone()));
+            }
+        }
+        out
+    }
+
+    /// Nominates each served pod of a demand run onto its room, while the fences still
+    /// keep every other pod off: when they go, the scheduler tries the pod there first and
+    /// counts it on the node against pods of no higher priority.
+    async fn nominate_rooms(&self) {
+        for (_, ns, name, node) in self.unbound_served() {
+            self.ctx
+                .landing
+                .nominate_pending(&ns, &name, &node, &self.ctx.metrics)
+                .await;
+        }
+    }
+
+    /// Clears the nominations of served pods that did not bind (the hold is over).
+    async fn release(&self) {
+        for (_, ns, name, _) in self.unbound_served() {
+            self.ctx.landing.clear_nominated(&ns, &name).await;
+        }
+    }
+
+    /// Holds the rooms of a demand run until every served pod has bound, at most
+    /// `demand.holdTimeout`: a nomination the scheduler cleared is set again. A stop
+    /// request or the timeout releases the rest. Records each pod's fate.
+    async fn hold(&mut self) -> Option<Stop> {
+        let timeout = self
+            .policy
+            .demand
+            .map(|d| d.hold_timeout)
+            .unwrap_or(std::time::Duration::from_secs(300));
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut renominated = tokio::time::Instant::now();
+        loop {
+            let fates = self.fates();
+            let changed = self.rec.demand.as_ref().is_some_and(|d| d.served != fates);
+            if let Some(d) = self.rec.demand.as_mut() {
+                d.served = fates.clone();
+            }
+            if changed && let Err(e) = self.write().await {
+                warn!(policy = %self.name, error = %e, "could not record the served pods");
+            }
+            let waiting = self.unbound_served();
+            if waiting.is_empty() {
+                return None;
+            }
+            if let Some(stop) = self.stop_requested() {
+                self.release().await;
+                return Some(stop);
+            }
+            if !self.ctx.leader.is_leader() {
+                self.release().await;
+                return Some(Stop::LostLeadership);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let who: Vec<String> = waiting
+                    .iter()
+                    .map(|(_, ns, name, node)| format!("{ns}/{name} on {node}"))
+                    .collect();
+                self.release().await;
+                let why = format!(
+                    "the room was made but {} did not bind within demand.holdTimeout ({}s); the hold is released",
+                    who.join(", "),
+                    timeout.as_secs()
+                );
+                for (_, ns, name, _) in &waiting {
+                    self.event_on_pod(
+                        &format!("{ns}/{name}"),
+                        EventType::Warning,
+                        EventReason::NoRoom,
+                        format!("run {}: {why}", self.rec.id),
+                    )
+                    .await;
+                }
+                return Some(Stop::Stalled(why));
+            }
+            // The scheduler clears a nomination when it tries the pod and finds no node
+            // (the fence was still on): set it again, at most every few seconds.
+            if renominated.elapsed() >= std::time::Duration::from_secs(2) {
+                for (_, ns, name, node) in &waiting {
+                    let cached = self.ctx.pods.get(&ObjectRef::new(name).within(ns));
+                    if cached.is_some_and(|p| p.nominated_node.as_deref() != Some(node.as_str())) {
+                        self.ctx
+                            .landing
+                            .nominate_pending(ns, name, node, &self.ctx.metrics)
+                            .await;
+                    }
+                }
+                renominated = tokio::time::Instant::now();
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Each served pod's fate now: `Served` (bound on its room), `BoundElsewhere`,
+    /// `Gone` (deleted or replaced), `Binding`.
+    fn fates(&self) -> Vec<String> {
+        let Some(d) = &self.rec.demand else {
+            return Vec::new();
+        };
+        d.pods
+            .iter()
+            .enumerate()
+            .map(|(i, key)| {
+                let cached = key
+                    .split_once('/')
+                    .and_then(|(ns, name)| self.ctx.pods.get(&ObjectRef::new(name).within(ns)));
+                let same =
+                    |p: &CachedPod| d.uids.get(i).is_none_or(|u| u.is_empty() || *u == p.uid);
+                match cached {
+                    Some(p) if same(&p) => match p.node_name.as_deref() {
+                        Some(n) if Some(n) == d.nodes.get(i).map(String::as_str) => SERVED.into(),
+                        Some(_) => "BoundElsewhere".into(),
+                        None => "Binding".into(),
+                    },
+                    _ => "Gone".into(),
+                }
+            })
+            .collect()
+    }
+
     /// Measures the result and records it in `lastRuns`, metrics and an event.
     async fn record_end(mut self, stop: Option<Stop>) -> Result<(), Error> {
         let now = Utc::now();
@@ -630,6 +855,18 @@ impl Run {
         let realised = self.queued.as_ref().map(|q| {
             frag::report(&self.ctx.cluster_without(Some(now), q), &self.policy).fragment_rate
         });
+        // A demand run is judged by its pods, not by the fragment rate.
+        let realised = if self.rec.demand.is_some() {
+            None
+        } else {
+            realised
+        };
+        if self.rec.demand.is_some() {
+            let fates = self.fates();
+            if let Some(d) = self.rec.demand.as_mut() {
+                d.served = fates;
+            }
+        }
         let rec = &mut self.rec;
         rec.fragment_rate_after = Some(after.fragment_rate);
         rec.fully_free_gpus_after = Some(after.fully_free_gpus as i64);
@@ -637,6 +874,34 @@ impl Run {
         let (result, why) = outcome::result_of(stop.as_ref(), rec, realised);
         rec.result = result.as_str().into();
         rec.message = outcome::message(&why, self.cut.as_deref(), rec);
+        if let Some(d) = &rec.demand {
+            let served: Vec<String> = d
+                .pods
+                .iter()
+                .zip(&d.nodes)
+                .zip(&d.served)
+                .map(|((p, n), f)| match f.as_str() {
+                    SERVED => format!("{p} bound on {n}"),
+                    other => format!("{p}: {other} (room on {n})"),
+                })
+                .collect();
+            rec.message = format!("demand run: {}; {}", served.join(", "), rec.message);
+            let waits: Vec<f64> = match self.demand_since {
+                Some(since) if d.served.iter().all(|f| f == SERVED) => {
+                    vec![(now - since).num_milliseconds().max(0) as f64 / 1000.0; d.pods.len()]
+                }
+                _ => Vec::new(),
+            };
+            let result = crate::demand::record_of_run(rec)
+                .map(|r| r.result)
+                .unwrap_or_default();
+            self.ctx.metrics.demand_finished(
+                &self.name,
+                &result,
+                rec.evicted.max(0) as u64,
+                &waits,
+            );
+        }
         let last = outcome::last_runs(rec, &self.last_runs);
         write_runs(&self.ctx, &self.name, None, &last).await?;
         self.ctx.metrics.run_finished(
