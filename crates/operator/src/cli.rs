@@ -146,6 +146,10 @@ pub enum Cmd {
         /// snapshot is judged as the operator would judge its objects at that instant.
         #[arg(long, value_name = "RFC3339", value_parser = parse_now)]
         now: Option<chrono::DateTime<chrono::Utc>>,
+        /// Preview the demand run for this pending pod (and its gang's pending members):
+        /// the evictions that would make room for it, its room, or why none can be made.
+        #[arg(long = "for", value_name = "NS/POD")]
+        for_pod: Option<String>,
         #[command(flatten)]
         kube: input::KubeArgs,
     },
@@ -296,10 +300,14 @@ pub fn run(cli: Cli, as_plugin: bool) -> anyhow::Result<()> {
             policy,
             output,
             now,
+            for_pod,
             kube,
         } => {
             let (cluster, policy, now) = load_inputs(snapshot, policy, policy_name, now, &kube)?;
             let before = frag::report(&cluster, &policy);
+            if let Some(key) = for_pod {
+                return demand_preview(&cluster, &policy, now, &key, &before, output);
+            }
             let plan = gpu_defrag_core::plan::plan(&cluster, &policy, now, &Default::default());
             let after_cluster = gpu_defrag_core::plan::apply(&cluster, &plan);
             let after = frag::report(&after_cluster, &policy);
@@ -431,4 +439,68 @@ mod tests {
             }
         }
     }
+}
+
+/// `plan --for NS/POD`: the demand run the operator would start for the pod now.
+fn demand_preview(
+    cluster: &gpu_defrag_core::model::Cluster,
+    policy: &gpu_defrag_core::policy::Policy,
+    now: Option<chrono::DateTime<chrono::Utc>>,
+    key: &str,
+    before: &frag::Report,
+    output: Output,
+) -> anyhow::Result<()> {
+    use gpu_defrag_core::model::Gang;
+    use gpu_defrag_core::plan::demand::{DemandLimits, plan_demand};
+    let Some(pi) = cluster.pods.iter().position(|p| p.key() == key) else {
+        anyhow::bail!("pod {key} is not in the cluster (NS/POD)");
+    };
+    let p = &cluster.pods[pi];
+    // A gang is served whole: every pending member of the same gang in its namespace.
+    let served: Vec<usize> = match &p.gang {
+        Some(Gang::Member(g)) => cluster
+            .pods
+            .iter()
+            .enumerate()
+            .filter(|(_, q)| {
+                q.namespace == p.namespace
+                    && q.is_pending()
+                    && matches!(&q.gang, Some(Gang::Member(h)) if h == g)
+            })
+            .map(|(i, _)| i)
+            .collect(),
+        _ => vec![pi],
+    };
+    let limits = DemandLimits {
+        max_evictions: policy
+            .demand
+            .map_or(DemandLimits::default().max_evictions, |d| d.max_evictions),
+        ..DemandLimits::default()
+    };
+    let d = plan_demand(cluster, policy, now, &Default::default(), &served, &limits);
+    let after = frag::report(&gpu_defrag_core::plan::apply(cluster, &d.plan), policy);
+    match output {
+        Output::Json => {
+            let v = serde_json::json!({
+                "outcome": d.outcome,
+                "why": d.why,
+                "rooms": d.rooms,
+                "moves": d.plan.moves,
+                "evictions": d.plan.moves.len(),
+                "fencedNodes": d.plan.fenced_nodes,
+                "steps": d.steps,
+                "before": before,
+                "after": after,
+            });
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        Output::Table => {
+            println!("demand run for {key}: {} — {}", d.outcome.as_str(), d.why);
+            if !d.plan.moves.is_empty() {
+                println!();
+                print!("{}", render::plan(before, &after, &d.plan));
+            }
+        }
+    }
+    Ok(())
 }

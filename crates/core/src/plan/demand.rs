@@ -105,6 +105,8 @@ pub struct DemandPlan {
 /// Why candidate nodes were turned down, counted for the message.
 #[derive(Default)]
 struct Rejections {
+    /// Nodes in scope of too few GPUs, another scheme, or not warm yet.
+    unfit: u32,
     /// The pod cannot run there even with every pod it may evict gone (size, scheme,
     /// selectors, taints, pods it may not evict).
     no_fit: u32,
@@ -301,12 +303,11 @@ impl Search<'_> {
             let Some(p) = c.pods.get(pi) else {
                 return no_room(format!("pod index {pi} is not in the snapshot"));
             };
-            if !(p.is_pending()
-                && p.shape.is_some_and(|s| s.gpus > 0)
-                && st.p.scope.covers_namespace(&p.namespace))
+            if !(p.is_pending() && p.shape.is_some_and(|s| s.gpus > 0) && st.p.scope.covers_pod(p))
             {
                 return no_room(format!(
-                    "{} is not a pending GPU pod in the policy's scope",
+                    "{} is not a pending pod asking for whole GPUs or GPU shares (MIG partitions are \
+                     not served) in the policy's scope",
                     p.key()
                 ));
             }
@@ -327,7 +328,8 @@ impl Search<'_> {
                     String::new()
                 };
                 return no_room(format!(
-                    "no room for {} ({} GPU{} of {} milli, priority {}){gang}: on {} node(s) it \
+                    "no room for {} ({} GPU{} of {} milli, priority {}){gang}: {} node(s) in \
+                     scope too small, of another scheme, new or already taken; on {} it \
                      cannot run even with every pod it may evict gone, {} need more evictions \
                      than the limits leave ({left} left), on {} the evicted pods would fit \
                      nowhere else",
@@ -340,6 +342,7 @@ impl Search<'_> {
                     },
                     p.shape.map(|s| s.milli).unwrap_or(0),
                     p.priority,
+                    r.unfit,
                     r.no_fit,
                     r.limits,
                     r.no_replace
@@ -396,6 +399,7 @@ impl Search<'_> {
                 || node.scheme != p.scheme.unwrap_or(node.scheme)
                 || (node.granularity == Granularity::Node && shape.milli < GPU_MILLI)
             {
+                self.why.unfit += u32::from(st.counted[n]);
                 continue;
             }
             self.step(1)?;
@@ -664,7 +668,7 @@ impl Search<'_> {
 }
 
 /// Pending GPU pods a demand run may serve now, grouped (a gang's pending members in one
-/// group), oldest wait first: in the policy's namespaces, placed by one of its bin-packing
+/// group), oldest wait first: in the policy's scope (namespaces and pod selector), placed by one of its bin-packing
 /// schedulers, unschedulable for at least `min_wait` and fitting no node in scope as the
 /// cluster is. A pod whose gang cannot be read is not served (it may need more pods).
 pub fn waiting(
@@ -681,7 +685,8 @@ pub fn waiting(
     let mut groups: BTreeMap<(String, String), (DateTime<Utc>, Vec<usize>)> = BTreeMap::new();
     for &pi in &unplaceable {
         let p = &cluster.pods[pi];
-        if !(binpack(p) && waited(p)) {
+        // The pod selector too: a pending pod the policy does not cover starts nothing.
+        if !(binpack(p) && waited(p) && policy.scope.covers_pod(p)) {
             continue;
         }
         let since = p.unschedulable_since.unwrap_or(now);
@@ -707,6 +712,7 @@ pub fn waiting(
             && p.is_pending()
             && p.shape.is_some_and(|s| s.gpus > 0)
             && binpack(p)
+            && policy.scope.covers_pod(p)
             && let Some(e) = groups.get_mut(&(p.namespace.clone(), g.clone()))
         {
             e.1.push(pi);
