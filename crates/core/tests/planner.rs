@@ -139,35 +139,50 @@ struct Case {
     limits: (u32, u32, u32, u32),
 }
 
+fn pod_spec() -> impl Strategy<Value = PodSpec> {
+    (
+        0usize..5,
+        prop_oneof![3 => Just(1u32), 1 => Just(2u32)],
+        prop_oneof![Just(250u32), Just(400), Just(500), Just(1000)],
+        0u8..3,
+        0u8..4,
+        prop::bool::weighted(0.15),
+        prop::bool::weighted(0.1),
+        0u8..8,
+    )
+        .prop_map(
+            |(node, gpus, milli, ns, owner, priority, protected, opt_out)| PodSpec {
+                node,
+                gpus,
+                milli,
+                ns,
+                owner,
+                priority,
+                protected,
+                opt_out,
+            },
+        )
+}
+
 fn case() -> impl Strategy<Value = Case> {
     let nodes = prop::collection::vec((2usize..=4, prop::bool::weighted(0.75)), 2..=5);
-    let pods = prop::collection::vec(
-        (
-            0usize..5,
-            prop_oneof![3 => Just(1u32), 1 => Just(2u32)],
-            prop_oneof![Just(250u32), Just(400), Just(500), Just(1000)],
-            0u8..3,
-            0u8..4,
-            prop::bool::weighted(0.15),
-            prop::bool::weighted(0.1),
-            0u8..8,
-        )
-            .prop_map(
-                |(node, gpus, milli, ns, owner, priority, protected, opt_out)| PodSpec {
-                    node,
-                    gpus,
-                    milli,
-                    ns,
-                    owner,
-                    priority,
-                    protected,
-                    opt_out,
-                },
-            ),
-        0..14,
-    );
+    let pods = prop::collection::vec(pod_spec(), 0..14);
     let pdbs = prop::collection::vec((0u8..4, 0i64..3), 0..3);
     let limits = (1u32..8, 1u32..4, 1u32..5, 1u32..3);
+    (nodes, pods, pdbs, limits).prop_map(|(nodes, pods, pdbs, limits)| Case {
+        nodes,
+        pods,
+        pdbs,
+        limits,
+    })
+}
+
+/// Fuller clusters of 4-GPU nodes, where a 4-GPU pod mostly fits nowhere as it is.
+fn full_case() -> impl Strategy<Value = Case> {
+    let nodes = prop::collection::vec((4usize..=4, prop::bool::weighted(0.5)), 2..=4);
+    let pods = prop::collection::vec(pod_spec(), 4..16);
+    let pdbs = prop::collection::vec((0u8..4, 0i64..3), 0..3);
+    let limits = (2u32..16, 2u32..6, 2u32..8, 1u32..3);
     (nodes, pods, pdbs, limits).prop_map(|(nodes, pods, pdbs, limits)| Case {
         nodes,
         pods,
@@ -1177,6 +1192,82 @@ mod demand {
         assert_eq!(d.plan.moves.len(), 2);
         for m in &d.plan.moves {
             assert_ne!(m.to_node, d.rooms[0].node_name);
+        }
+    }
+
+    proptest! {
+        // Most random clusters have a room as they are or none at all: 2048 cases give
+        // about a hundred plans with evictions.
+        #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
+
+        /// On random clusters: a demand plan is deterministic, moves only pods the window
+        /// planner may move (none it skips), none of higher priority than the served pod,
+        /// within every limit and PDB allowance, each pod once, and leaves the served pod
+        /// fitting on its room with every victim placed elsewhere.
+        #[test]
+        fn demand_plans_keep_every_rule(
+            cs in full_case(),
+            gpus in 1u32..=4,
+            share in prop::bool::weighted(0.3),
+            high in any::<bool>(),
+        ) {
+            let (mut c, pol) = build(&cs);
+            // Mostly a whole node of the largest size: the pod that waits for room.
+            let largest = c.nodes.iter().map(|n| n.gpus.len() as u32).max().unwrap_or(1);
+            let gpus = if gpus > 1 { largest } else { gpus };
+            let mut want = pending("ml", "want", gpus, if high { 1000 } else { 0 });
+            if share {
+                want.shape = Some(GpuShape { gpus: 1, milli: 500 });
+            }
+            c.pods.push(want);
+            let c = finish(c);
+            let idx = served_index(&c, "ml/want");
+            let limits = DemandLimits {
+                max_evictions: pol.max_evictions_per_run,
+                ..DemandLimits::default()
+            };
+            let d = plan_demand(&c, &pol, None, &History::default(), &[idx], &limits);
+            let again = plan_demand(&c, &pol, None, &History::default(), &[idx], &limits);
+            prop_assert_eq!(&d, &again);
+            if d.outcome != DemandOutcome::Planned {
+                prop_assert!(d.plan.moves.is_empty() && d.rooms.is_empty());
+                return Ok(());
+            }
+            check(&c, &pol, &d, pol.max_evictions_per_run);
+            let skipped: BTreeSet<&str> =
+                d.plan.skipped_pods.iter().map(|s| s.pod.as_str()).collect();
+            let mut seen = BTreeSet::new();
+            let mut per_node: HashMap<&str, u32> = HashMap::new();
+            let mut per_ns: HashMap<&str, u32> = HashMap::new();
+            for m in &d.plan.moves {
+                let p = &c.pods[m.pod_index];
+                prop_assert!(seen.insert(m.pod.as_str()), "moved twice: {}", m.pod);
+                prop_assert!(!skipped.contains(m.pod.as_str()), "moved a skipped pod {}", m.pod);
+                prop_assert!(p.is_active_bound());
+                prop_assert_eq!(&m.from_node, &c.nodes[p.node.unwrap()].name);
+                *per_node.entry(m.from_node.as_str()).or_default() += 1;
+                *per_ns.entry(p.namespace.as_str()).or_default() += 1;
+            }
+            prop_assert!(per_node.values().all(|v| *v <= pol.max_evictions_per_node));
+            prop_assert!(per_ns.values().all(|v| *v <= pol.max_evictions_per_namespace));
+            for (b, pdb) in c.pdbs.iter().enumerate() {
+                let n = d
+                    .plan
+                    .moves
+                    .iter()
+                    .filter(|m| {
+                        let p = &c.pods[m.pod_index];
+                        p.namespace == pdb.namespace
+                            && pdb.selector.as_ref().is_some_and(|s| s.matches(&p.labels))
+                    })
+                    .count() as i64;
+                prop_assert!(n <= pdb.disruptions_allowed.max(0), "PDB {} over", b);
+            }
+            // No GPU over-committed once the moves are applied and the pod is on its room.
+            let after = apply(&c, &d.plan);
+            for n in &after.nodes {
+                prop_assert!(n.gpus.iter().all(|g| g.used <= 1000));
+            }
         }
     }
 

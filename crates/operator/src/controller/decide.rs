@@ -854,6 +854,40 @@ mod tests {
             run_decision(&sit(&none, true, None, open, &one), false),
             RunDecision::Start(at("2026-12-04T03:00:00Z"))
         );
+        // A recorded demand run is never resumed: it is ended, in or out of a window.
+        let demand_run = DefragPolicyStatus {
+            active_run: Some(RunRecord {
+                demand: Some(Default::default()),
+                ..active.clone()
+            }),
+            ..Default::default()
+        };
+        for w in [open, None] {
+            assert!(matches!(
+                run_decision(&sit(&demand_run, true, None, w, &one), false),
+                RunDecision::Abandon(RunResult::Aborted, _)
+            ));
+        }
+        // A demand run that ended in this window does not count as the window's run.
+        let after_demand = DefragPolicyStatus {
+            last_runs: vec![RunRecord {
+                demand: Some(Default::default()),
+                ..active.clone()
+            }],
+            ..Default::default()
+        };
+        assert_eq!(
+            run_decision(&sit(&after_demand, true, None, open, &one), false),
+            RunDecision::Start(at("2026-12-04T03:00:00Z"))
+        );
+        let after_window_run = DefragPolicyStatus {
+            last_runs: vec![active.clone()],
+            ..Default::default()
+        };
+        assert_eq!(
+            run_decision(&sit(&after_window_run, true, None, open, &one), false),
+            RunDecision::Nothing
+        );
         // The benefit gate: a plan freeing fewer whole nodes than trigger.minNodesFreed
         // starts nothing, and the condition says why; one freeing enough starts.
         let mut frees_one = one.clone();
