@@ -415,32 +415,6 @@ fn init_logs(format: LogFormat) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_plugin_refuses_to_run_the_operator_and_leader_election_is_on_by_default() {
-        let cli = Cli::try_parse_from(["gpu-defrag", "run"]).unwrap();
-        let Cmd::Run { leader_elect, .. } = &cli.cmd else {
-            panic!("not run");
-        };
-        assert!(*leader_elect, "on unless turned off");
-        let e = run(cli, true).unwrap_err();
-        assert!(e.downcast_ref::<input::InputError>().is_some(), "{e}");
-        assert!(e.to_string().contains("only reads"), "{e}");
-        for (args, on) in [
-            (&["gpu-defrag", "run", "--leader-elect"][..], true),
-            (&["gpu-defrag", "run", "--leader-elect=false"][..], false),
-        ] {
-            match Cli::try_parse_from(args).unwrap().cmd {
-                Cmd::Run { leader_elect, .. } => assert_eq!(leader_elect, on, "{args:?}"),
-                _ => panic!("not run"),
-            }
-        }
-    }
-}
-
 /// `plan --for NS/POD`: the demand run the operator would start for the pod now.
 fn demand_preview(
     cluster: &gpu_defrag_core::model::Cluster,
@@ -503,4 +477,30 @@ fn demand_preview(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plugin_refuses_to_run_the_operator_and_leader_election_is_on_by_default() {
+        let cli = Cli::try_parse_from(["gpu-defrag", "run"]).unwrap();
+        let Cmd::Run { leader_elect, .. } = &cli.cmd else {
+            panic!("not run");
+        };
+        assert!(*leader_elect, "on unless turned off");
+        let e = run(cli, true).unwrap_err();
+        assert!(e.downcast_ref::<input::InputError>().is_some(), "{e}");
+        assert!(e.to_string().contains("only reads"), "{e}");
+        for (args, on) in [
+            (&["gpu-defrag", "run", "--leader-elect"][..], true),
+            (&["gpu-defrag", "run", "--leader-elect=false"][..], false),
+        ] {
+            match Cli::try_parse_from(args).unwrap().cmd {
+                Cmd::Run { leader_elect, .. } => assert_eq!(leader_elect, on, "{args:?}"),
+                _ => panic!("not run"),
+            }
+        }
+    }
 }
