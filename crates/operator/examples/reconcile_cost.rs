@@ -81,6 +81,10 @@ struct Args {
     /// `Scheduler` (targets as the scheduler picks them).
     #[arg(long, default_value = "Nominate")]
     landing: String,
+    /// Set `spec.demand` (minWait 0s, outside windows) and measure its part of the
+    /// reconcile: the waiting pods found, and up to three demand searches.
+    #[arg(long)]
+    demand: bool,
 }
 
 const REPLICAS: usize = 4;
@@ -226,6 +230,7 @@ fn pod_obj(
                 type_: if running { "Ready" } else { "PodScheduled" }.into(),
                 status: if running { "True" } else { "False" }.into(),
                 reason: (!running).then(|| "Unschedulable".to_string()),
+                last_transition_time: (!running).then(|| started.clone()),
                 ..Default::default()
             }]),
             ..Default::default()
@@ -453,6 +458,9 @@ impl Phases {
 }
 
 struct Outcome {
+    /// With `--demand`: groups waiting, evictions of the demand run started, its search
+    /// steps, and the first record's result.
+    demand: Option<(usize, usize, Option<u64>, Option<String>)>,
     phases: Phases,
     moves: usize,
     fragment_rate: f64,
@@ -532,6 +540,20 @@ fn reconcile_once(caches: &Caches, dp: &DefragPolicy, metrics: &Metrics) -> Outc
     let wanted = decide::conditions(&s, window.as_ref(), false, "", None, None);
     let conds = status::conditions(&old.conditions, &wanted, dp.metadata.generation, &ts(now));
     let st = decide::status(&s, conds, dp.metadata.generation, window, None, None);
+    ph.lap("decide+status+metrics", &mut clock);
+    let demand = policy.demand.as_ref().map(|d| {
+        let c = gpu_defrag_operator::demand::consider(d, &policy, &obs.cluster, &old, now, true);
+        (
+            c.waiting,
+            c.start.as_ref().map_or(0, |st| st.plan.plan.moves.len()),
+            c.start
+                .as_ref()
+                .map(|st| st.plan.steps)
+                .or_else(|| c.status.recent.first().map(|_| 0)),
+            c.status.recent.first().map(|r| r.result.clone()),
+        )
+    });
+    ph.lap("demand", &mut clock);
     let changed = decide::status_changed(&old, &st);
     let body = serde_json::to_vec(&st).expect("status serialises");
     std::hint::black_box(changed);
@@ -561,6 +583,7 @@ fn reconcile_once(caches: &Caches, dp: &DefragPolicy, metrics: &Metrics) -> Outc
     drop(obs);
     ph.lap("free", &mut clock);
     Outcome {
+        demand,
         phases: ph,
         moves,
         fragment_rate,
@@ -586,6 +609,12 @@ fn main() -> anyhow::Result<()> {
         "limits": {"maxEvictionsPerRun": 100, "maxEvictionsPerNamespace": 100},
         "landing": {"mode": a.landing},
     }))?;
+    let mut spec = spec;
+    if a.demand {
+        spec.demand = Some(serde_json::from_value(
+            serde_json::json!({"minWait": "0s", "outsideWindows": true}),
+        )?);
+    }
     let mut dp = DefragPolicy::new("bench", spec);
     dp.metadata.generation = Some(1);
     dp.status = Some(DefragPolicyStatus::default());
@@ -625,6 +654,9 @@ fn main() -> anyhow::Result<()> {
         "plannedEvictions": last.moves,
         "fragmentRate": last.fragment_rate,
         "statusBytes": last.status_bytes,
+        "demand": last.demand.as_ref().map(|(w, e, steps, r)| serde_json::json!({
+            "waitingGroups": w, "evictions": e, "steps": steps, "firstResult": r,
+        })),
         "generateSeconds": gen_s,
         "projectionSeconds": caches.projection.as_secs_f64(),
         "rssAfterGenerateMiB": rss_after_gen.map(|k| k as f64 / 1024.0),
