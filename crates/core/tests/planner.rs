@@ -1167,6 +1167,59 @@ mod demand {
     }
 
     #[test]
+    fn a_gang_room_is_not_filled_by_the_pods_of_its_first_room() {
+        // n0: movers of 2+2 GPUs; n1: movers of 2+2+1+1; n2, n3: 3 GPUs of pods that
+        // never move. Both rooms exist (n0 and n1, the six movers onto n2 and n3), but
+        // the first room's pods, placed most-allocated first, would fill n1.
+        let mut c = Cluster {
+            nodes: (0..4)
+                .map(|i| node(&format!("n{i}"), 8, Granularity::Node))
+                .collect(),
+            ..Default::default()
+        };
+        let mut k = 0;
+        for (n, sizes) in [(0usize, vec![2usize, 2]), (1, vec![2, 2, 1, 1])] {
+            let mut g = 0;
+            for size in sizes {
+                let devs: Vec<usize> = (g..g + size).collect();
+                bind(
+                    &mut c,
+                    pod("a", &format!("m{k}"), &format!("r{k}")),
+                    n,
+                    &devs,
+                    1000,
+                );
+                g += size;
+                k += 1;
+            }
+        }
+        for n in [2usize, 3] {
+            let mut p = pod("a", &format!("bare{n}"), "x");
+            p.owner = None;
+            p.workload = None;
+            bind(&mut c, p, n, &[0, 1, 2], 1000);
+        }
+        for name in ["gang-0", "gang-1"] {
+            let mut p = pending("ml", name, 8, 0);
+            p.gang = Some(Gang::Member("pod group g".into()));
+            c.pods.push(p);
+        }
+        let c = finish(c);
+        let pol = exact_policy(16);
+        let d = run(
+            &c,
+            &pol,
+            &["ml/gang-0", "ml/gang-1"],
+            DemandLimits::default(),
+        );
+        check(&c, &pol, &d, 16);
+        assert_eq!(d.plan.moves.len(), 6);
+        let mut rooms: Vec<&str> = d.rooms.iter().map(|r| r.node_name.as_str()).collect();
+        rooms.sort();
+        assert_eq!(rooms, vec!["n0", "n1"]);
+    }
+
+    #[test]
     fn shares_make_room_on_the_cheapest_gpus() {
         // Device granularity: two 4-GPU nodes; m0 has a 0.5 share on each GPU, m1 has a
         // 0.5 share on GPU 0 and GPU 1. A 2-GPU pod needs m1's two free GPUs: no move.

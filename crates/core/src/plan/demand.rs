@@ -142,6 +142,7 @@ pub fn plan_demand(
         pod_cost: &pod_cost,
         on_node: pods_by_node(cluster),
         why: Rejections::default(),
+        avoid: Vec::new(),
     };
     let found = search.run(&mut st, served, limits.max_evictions);
     let steps = search.steps;
@@ -251,9 +252,14 @@ struct Search<'s> {
     /// Active bound pods per node.
     on_node: Vec<Vec<usize>>,
     why: Rejections,
+    /// Nodes no evicted pod may land on: the rooms reserved for a gang's later members.
+    avoid: Vec<usize>,
 }
 
 type Found = Vec<(Chosen, Vec<Placement>, f64)>;
+
+/// A candidate room: (evictions, cost, node, victims).
+type Candidate = (usize, f64, usize, Vec<usize>);
 
 /// A verified room: the served pod's devices and the victims' placements.
 type Verified = (Vec<usize>, Vec<Placement>);
@@ -317,9 +323,32 @@ impl Search<'_> {
         order.dedup();
         let start_total = st.total;
         let mut found: Found = Vec::new();
-        for &pi in &order {
+        // A gang: each member's cheapest room, distinct, decided up front; while a member's
+        // room is made, its evicted pods may not land on the rooms of the members after
+        // it (else the first room's pods fill the second's). Without such a room, the
+        // member's search runs again with no reservation.
+        let reserved: Vec<Option<usize>> = if order.len() > 1 {
+            let mut taken: Vec<usize> = Vec::new();
+            let mut out = Vec::new();
+            for &pi in &order {
+                let cands = self.candidates(st, pi)?;
+                let pick = cands.iter().map(|c| c.2).find(|n| !taken.contains(n));
+                taken.extend(pick);
+                out.push(pick);
+            }
+            out
+        } else {
+            vec![None]
+        };
+        for (k, &pi) in order.iter().enumerate() {
             let left = max_evictions.saturating_sub(st.total - start_total);
-            let Some((node, victims)) = self.best_room(st, pi, left)? else {
+            self.avoid = reserved[k + 1..].iter().flatten().copied().collect();
+            let mut best = self.best_room(st, pi, left)?;
+            if best.is_none() && !self.avoid.is_empty() {
+                self.avoid.clear();
+                best = self.best_room(st, pi, left)?;
+            }
+            let Some((node, victims)) = best else {
                 let p = &c.pods[pi];
                 let r = &self.why;
                 let gang = if order.len() > 1 {
@@ -348,9 +377,17 @@ impl Search<'_> {
                     r.no_replace
                 ));
             };
-            let (devices, placed) = self
-                .verify(st, pi, node, &victims)?
-                .expect("a verified room verifies again on the same state");
+            // Verified again on the same state, with the same reservation: the same
+            // placements.
+            let verified = self.verify(st, pi, node, &victims)?;
+            self.avoid.clear();
+            let Some((devices, placed)) = verified else {
+                return no_room(format!(
+                    "the room on {} for {} did not verify twice",
+                    c.nodes[node].name,
+                    c.pods[pi].key()
+                ));
+            };
             let gain_before = st.totals().fragment_milli;
             if !victims.is_empty() {
                 let unit = Unit {
@@ -385,10 +422,28 @@ impl Search<'_> {
         pi: usize,
         left: u32,
     ) -> Result<Option<(usize, Vec<usize>)>, Stop> {
+        self.why = Rejections::default();
+        let cands = self.candidates(st, pi)?;
+        for (_, _, n, v) in cands {
+            if !self.within_limits(st, n, &v, left) {
+                self.why.limits += 1;
+                continue;
+            }
+            if self.verify(st, pi, n, &v)?.is_some() {
+                return Ok(Some((n, v)));
+            }
+            self.why.no_replace += 1;
+        }
+        Ok(None)
+    }
+
+    /// Candidate rooms for pod `pi`, cheapest first: (evictions, cost, node, victims),
+    /// not verified yet.
+    fn candidates(&mut self, st: &mut State, pi: usize) -> Result<Vec<Candidate>, Stop> {
         let c = st.c;
         let p = &c.pods[pi];
         let Some(shape) = p.shape else {
-            return Ok(None);
+            return Ok(Vec::new());
         };
         let mut cands: Vec<(usize, f64, usize, Vec<usize>)> = Vec::new();
         for n in 0..c.nodes.len() {
@@ -412,17 +467,7 @@ impl Search<'_> {
             }
         }
         cands.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
-        for (_, _, n, v) in cands {
-            if !self.within_limits(st, n, &v, left) {
-                self.why.limits += 1;
-                continue;
-            }
-            if self.verify(st, pi, n, &v)?.is_some() {
-                return Ok(Some((n, v)));
-            }
-            self.why.no_replace += 1;
-        }
-        Ok(None)
+        Ok(cands)
     }
 
     /// Pods on node `n` pod `pi` may have evicted for it: movable by the policy, not
@@ -619,6 +664,12 @@ impl Search<'_> {
             st.take(x, false);
         }
         let was = std::mem::replace(&mut st.no_target[n], true);
+        let avoided: Vec<(usize, bool)> = self
+            .avoid
+            .iter()
+            .filter(|&&a| a != n)
+            .map(|&a| (a, std::mem::replace(&mut st.no_target[a], true)))
+            .collect();
         let devs = sched::fits(
             p,
             &c.nodes[n],
@@ -655,6 +706,9 @@ impl Search<'_> {
                 st.unput(*x, *t, td, true);
             }
             st.unput(pi, n, d, false);
+        }
+        for (a, w) in avoided.into_iter().rev() {
+            st.no_target[a] = w;
         }
         st.no_target[n] = was;
         for &x in victims.iter().rev() {
