@@ -14,6 +14,7 @@ mod plot;
 mod replay;
 mod scale;
 mod scenario;
+mod services;
 mod synth;
 mod trace;
 
@@ -205,6 +206,11 @@ enum Cmd {
         /// `maxInFlight: 1`, the time per eviction of a run).
         #[arg(long, default_value_t = 30.0)]
         ready_seconds: f64,
+        /// Share of the offered GPU load that is long-running inference services (run
+        /// for the whole replay, replicas scaled daily, shares and one-GPU shapes); the
+        /// trace's jobs offer the rest.
+        #[arg(long, default_value_t = 0.0)]
+        services: f64,
         /// Draw allocation ratio and the 8-GPU queue over time for every planner of the
         /// first workload and seed into this PNG file.
         #[arg(long)]
@@ -356,11 +362,16 @@ fn main() -> anyhow::Result<()> {
             hnu_threshold,
             max_pending_gpu_pods,
             ready_seconds,
+            services,
             plot,
             planners,
             output,
             json,
         } => {
+            anyhow::ensure!(
+                (0.0..1.0).contains(&services),
+                "--services must be in [0, 1)"
+            );
             let out = replay::run_all(&replay::Args {
                 dir: trace::resolve_dir(trace.as_deref()),
                 workloads: workload,
@@ -378,6 +389,7 @@ fn main() -> anyhow::Result<()> {
                     hnu_threshold,
                     max_pending_gpu_pods,
                     ready_seconds,
+                    services,
                 },
                 planners,
                 plot,

@@ -34,6 +34,10 @@
 //!   what window-based defragmentation could reach (a good repacking, not a bound). A
 //!   repacking that cannot place every running pod again is not used (that window is
 //!   counted in `runsSkipped.repack-incomplete`).
+//! - **Polled rows** ([`demand`]): `gpu-defrag-demand` (the nightly run plus demand runs
+//!   at any time) and `kai-consolidation` look at the queue every `POLL_SECONDS`.
+//! - **Services** (`--services FRACTION`, [`services`]): that share of the offered load is
+//!   long-running, daily-scaled replicas of 40 services; the trace's jobs offer the rest.
 //! - **Measures** after `warmup_days`: time-averaged GPU allocation ratio; queueing
 //!   delay (arrival → running) of the pods arriving after warm-up, per class (pods still
 //!   queued at the end count with their wait so far); pods queued at the end;
@@ -56,16 +60,24 @@ use serde::Serialize;
 
 use crate::bench;
 use crate::scenario;
+use crate::services::{self, Service};
+
+mod demand;
 use crate::trace::{self, Trace};
 
 /// Planners in report order. `gpu-defrag-unguarded` is gpu-defrag with
 /// `maxPendingGpuPods` lifted; `gpu-defrag-8gpu` is that plus an 8-GPU target shape of weight
 /// [`bench::WHOLE_NODE_SHAPE_WEIGHT`] (the policy a user who wants whole nodes writes).
-pub const PLANNERS: [&str; 8] = [
+///
+/// `kai-consolidation` is a KAI-style consolidation at every poll, `gpu-defrag-demand`
+/// gpu-defrag's nightly run plus demand runs at any time ([`demand`]).
+pub const PLANNERS: [&str; 10] = [
     "none",
     "high-node-utilization",
     "fgd-descheduler",
+    "kai-consolidation",
     "gpu-defrag",
+    "gpu-defrag-demand",
     "gpu-defrag-unguarded",
     "gpu-defrag-8gpu",
     "fgd-placement",
@@ -131,6 +143,9 @@ pub struct Params {
     /// gpu-defrag: seconds from a replacement's binding to its being Ready (the pace of
     /// a run: with `maxInFlight: 1` one eviction per replacement Ready).
     pub ready_seconds: f64,
+    /// Share of the offered GPU load that is long-running inference services
+    /// ([`services`]); the trace's jobs offer the rest.
+    pub services: f64,
 }
 
 /// One pod shape of the workload.
@@ -358,6 +373,8 @@ struct PodS {
     /// Counted in the queueing delay (arrived after warm-up, not a replacement).
     measured: bool,
     bound_at: f64,
+    /// The service it is a replica of ([`NONE`]: a trace job).
+    svc: u32,
 }
 
 /// Which scheduler places pods.
@@ -458,6 +475,12 @@ struct Sim<'a> {
     alloc_integral_all: f64,
     /// `alloc_integral_all` at the last sample.
     sample_integral: f64,
+    /// Replicas of each service, in creation order.
+    svc_pods: Vec<Vec<usize>>,
+    /// Evictions of service replicas.
+    svc_evictions: usize,
+    /// What the polled rows did ([`demand`]).
+    demand: demand::Stats,
 }
 
 fn bucket_of(t: &Tpl) -> usize {
@@ -508,6 +531,9 @@ impl<'a> Sim<'a> {
             runs_ended: BTreeMap::new(),
             alloc_integral_all: 0.0,
             sample_integral: 0.0,
+            svc_pods: Vec::new(),
+            svc_evictions: 0,
+            demand: demand::Stats::default(),
         }
     }
 
@@ -874,6 +900,7 @@ impl<'a> Sim<'a> {
             evicted_at: None,
             measured,
             bound_at: 0.0,
+            svc: NONE,
         });
         if !self.try_place(pi, a.t) {
             self.enqueue(pi);
@@ -892,7 +919,73 @@ impl<'a> Sim<'a> {
             p.evicted_at = Some(t);
             p.queued_at = t;
             self.evictions += 1;
+            if p.svc != NONE {
+                self.svc_evictions += 1;
+            }
             self.enqueue(pi);
+        }
+    }
+
+    /// Scales every service to its replicas wanted at `t` (the hour): new replicas enter
+    /// the queue (placed at once when they fit); scale-down deletes pending replicas
+    /// first, then the newest running ones.
+    fn scale_services(&mut self, svcs: &[Service], t: f64, measured: bool) {
+        if self.svc_pods.len() < svcs.len() {
+            self.svc_pods.resize(svcs.len(), Vec::new());
+        }
+        for (k, s) in svcs.iter().enumerate() {
+            let want = s.replicas(t);
+            let have = self.svc_pods[k].len();
+            for _ in have..want {
+                let pi = self.pods.len();
+                self.pods.push(PodS {
+                    tpl: s.tpl,
+                    queued_at: t,
+                    remaining: SERVICE_LIFE,
+                    end: 0.0,
+                    node: NONE,
+                    devs: 0,
+                    epoch: 0,
+                    seq: 0,
+                    evicted_at: None,
+                    measured,
+                    bound_at: 0.0,
+                    svc: k as u32,
+                });
+                self.svc_pods[k].push(pi);
+                if !self.try_place(pi, t) {
+                    self.enqueue(pi);
+                }
+            }
+            if want < have {
+                let mut list = std::mem::take(&mut self.svc_pods[k]);
+                // Pending first (newest first), then running, newest first.
+                let mut order: Vec<(bool, Reverse<usize>, usize)> = list
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &pi)| (self.pods[pi].node != NONE, Reverse(i), pi))
+                    .collect();
+                order.sort_unstable();
+                let gone: Vec<usize> = order.iter().take(have - want).map(|x| x.2).collect();
+                let mut freed = Vec::new();
+                for &pi in &gone {
+                    if self.pods[pi].node == NONE {
+                        self.dequeue(pi);
+                        self.pods[pi].epoch += 1;
+                    } else {
+                        freed.push(self.unbind(pi));
+                    }
+                    self.pods[pi].evicted_at = None;
+                    self.pods[pi].measured = false;
+                }
+                list.retain(|pi| !gone.contains(pi));
+                self.svc_pods[k] = list;
+                freed.sort_unstable();
+                freed.dedup();
+                for n in freed {
+                    self.serve_node(n, t);
+                }
+            }
         }
     }
 
@@ -1000,6 +1093,14 @@ struct Ctx<'a> {
 /// The cluster model of the state: running pods bound, queued pods pending. Returns it
 /// with the sim pod index of every model pod.
 fn to_cluster(sim: &Sim, ctx: &Ctx) -> (Cluster, Vec<usize>) {
+    to_cluster_on(sim, ctx, None)
+}
+
+/// [`to_cluster`] for a demand search serving queued pod `served` on one of the nodes
+/// `on` ([`demand`]): every node's capacity (read from the nodes, not summed from the
+/// pods), the running pods of those nodes only, and of the queued pods the served one
+/// and the service replicas (their workload's availability).
+fn to_cluster_on(sim: &Sim, ctx: &Ctx, on: Option<(&[bool], usize)>) -> (Cluster, Vec<usize>) {
     let mut nodes = ctx.base_nodes.to_vec();
     for (n, s) in sim.nodes.iter().enumerate() {
         let node = &mut nodes[n];
@@ -1014,7 +1115,15 @@ fn to_cluster(sim: &Sim, ctx: &Ctx) -> (Cluster, Vec<usize>) {
     }
     let mut pods = Vec::new();
     let mut ids = Vec::new();
-    for pi in sim.running().into_iter().chain(sim.queued_pods()) {
+    let running = sim
+        .running()
+        .into_iter()
+        .filter(|&pi| on.is_none_or(|(on, _)| on[sim.pods[pi].node as usize]));
+    let queued = sim
+        .queued_pods()
+        .into_iter()
+        .filter(|&pi| on.is_none_or(|(_, served)| pi == served || sim.pods[pi].svc != NONE));
+    for pi in running.chain(queued) {
         let p = &sim.pods[pi];
         let tp = &ctx.trace.pods[p.tpl as usize];
         let name = format!("p{pi}");
@@ -1028,6 +1137,20 @@ fn to_cluster(sim: &Sim, ctx: &Ctx) -> (Cluster, Vec<usize>) {
         if p.node != NONE {
             pod.started =
                 Some(ctx.base + TimeDelta::milliseconds((p.bound_at * 1000.0).round() as i64));
+        } else {
+            pod.unschedulable_since =
+                Some(ctx.base + TimeDelta::milliseconds((p.queued_at * 1000.0).round() as i64));
+        }
+        if p.svc != NONE {
+            // A replica of a Deployment: the replicas share their ReplicaSet.
+            let rs = format!("svc-{}", p.svc);
+            pod.labels = BTreeMap::from([("app".to_string(), rs.clone())]).into();
+            pod.owner = Some(Owner {
+                group: "apps".into(),
+                kind: "ReplicaSet".into(),
+                name: rs.clone(),
+            });
+            pod.workload = Some(Workload::checked("apps/ReplicaSet", &rs));
         }
         pods.push(pod);
         ids.push(pi);
@@ -1091,9 +1214,9 @@ fn window(sim: &mut Sim, ctx: &Ctx, planner: &str, t: f64, window_end: f64) {
             let shapes = frag::default_shapes(&c, &Default::default());
             bench::choose_fgd(&c, budget, &shapes).evicted
         }
-        "gpu-defrag" | "gpu-defrag-unguarded" | "gpu-defrag-8gpu" => {
+        "gpu-defrag" | "gpu-defrag-demand" | "gpu-defrag-unguarded" | "gpu-defrag-8gpu" => {
             let mut policy = gpu_defrag_policy(budget as u32, ctx.params.max_pending_gpu_pods);
-            if planner != "gpu-defrag" {
+            if !matches!(planner, "gpu-defrag" | "gpu-defrag-demand") {
                 policy.max_pending_gpu_pods = u32::MAX;
             }
             if planner == "gpu-defrag-8gpu" {
@@ -1252,8 +1375,12 @@ fn step_run(sim: &mut Sim, t: f64) {
     }
 }
 
-/// How often a run looks again at a replacement that is still queued, seconds.
+/// How often a run looks again at a replacement that is still queued, seconds (and how
+/// often the polled rows look at the queue, [`demand`]).
 const POLL_SECONDS: f64 = 30.0;
+
+/// Lifetime of a service replica: beyond any replay (it runs until scaled down).
+const SERVICE_LIFE: f64 = 1e12;
 
 // ------------------------------------------------------------------ one run
 
@@ -1284,6 +1411,13 @@ pub struct Outcome {
     /// Oracle: running pods its re-placement could not fit (back in the queue).
     #[serde(skip_serializing_if = "is_zero")]
     pub displaced: usize,
+    /// Evictions of service replicas (`--services`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub service_evictions: usize,
+    /// The polled rows (`gpu-defrag-demand`, `kai-consolidation`): planner calls by
+    /// outcome, runs, evictions, where the served and evicted pods went.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub demand: Option<demand::Stats>,
     /// Pods queued at the end.
     pub pending_at_end: usize,
     /// Pods queued at the end, per class.
@@ -1319,6 +1453,8 @@ pub struct Prepared {
     base_nodes: Vec<Node>,
     arrivals: Vec<Arrival>,
     shapes: Vec<TargetShape>,
+    /// Long-running services (`--services`).
+    services: Vec<Service>,
     /// Arrivals per hour.
     pub rate_per_hour: f64,
     /// Pods at time 0.
@@ -1399,12 +1535,27 @@ pub fn prepare(dir: &std::path::Path, p: &Params) -> anyhow::Result<Prepared> {
     let classes: Vec<usize> = tpl.iter().map(|t| t.class).collect();
     let demand: Vec<u64> = tpl.iter().map(|t| t.demand).collect();
     let capacity: u64 = nodes.iter().map(|n| n.gpus as u64 * 1000).sum();
+    let svc_share = p.services.clamp(0.0, 1.0);
+    // Services: shapes of the list's shares and one-GPU pods that name no GPU model.
+    let small: Vec<u32> = trace
+        .pods
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.models.is_empty() && class_of(t.num_gpu, t.gpu_milli) <= 1)
+        .map(|(i, _)| i as u32)
+        .collect();
+    let services = services::draw(
+        &small,
+        &demand,
+        svc_share * p.load * capacity as f64,
+        p.seed,
+    );
     let (arrivals, rate) = arrivals(
         &classes,
         &demand,
         &life_by_class,
         capacity as f64,
-        p.load,
+        p.load * (1.0 - svc_share),
         p.days * DAY,
         p.seed,
     );
@@ -1427,6 +1578,7 @@ pub fn prepare(dir: &std::path::Path, p: &Params) -> anyhow::Result<Prepared> {
         base_nodes,
         arrivals,
         shapes,
+        services,
         rate_per_hour: rate * HOUR,
         initial_pods,
         lifetimes_from: from,
@@ -1444,7 +1596,7 @@ pub fn run(prep: &Prepared, p: &Params, planner: &str) -> anyhow::Result<Outcome
     let horizon = p.days * DAY;
     let warmup = (p.warmup_days * DAY).min(horizon);
     let base = base_time();
-    let windows = if matches!(planner, "none" | "fgd-placement") {
+    let windows = if matches!(planner, "none" | "fgd-placement" | "kai-consolidation") {
         Vec::new()
     } else {
         window_openings(&p.windows, p.window_hours, base, horizon)?
@@ -1467,15 +1619,25 @@ pub fn run(prep: &Prepared, p: &Params, planner: &str) -> anyhow::Result<Outcome
     let sample_every = SAMPLE_SECONDS;
     let mut next_sample = sample_every;
     let mut series = Vec::new();
+    // Services: their replicas at t = 0 are placed first, then scaled at every hour.
+    let mut next_hour = if prep.services.is_empty() {
+        None
+    } else {
+        sim.scale_services(&prep.services, 0.0, false);
+        Some(HOUR)
+    };
+    let mut next_poll = demand::polled(planner).then_some(POLL_SECONDS);
     loop {
         let next_dep = sim.heap.peek().map(|Reverse((b, _, _))| f64::from_bits(*b));
         let next_arr = prep.arrivals.get(ai).map(|a| a.t);
         let next_win = windows.get(wi).map(|w| w.0);
         let next_step = sim.run.as_ref().map(|r| r.next_step);
-        let t = [next_dep, next_arr, next_win, next_step]
-            .into_iter()
-            .flatten()
-            .fold(f64::INFINITY, f64::min);
+        let t = [
+            next_dep, next_arr, next_win, next_step, next_hour, next_poll,
+        ]
+        .into_iter()
+        .flatten()
+        .fold(f64::INFINITY, f64::min);
         if t >= horizon || !t.is_finite() {
             break;
         }
@@ -1486,6 +1648,12 @@ pub fn run(prep: &Prepared, p: &Params, planner: &str) -> anyhow::Result<Outcome
         sim.advance(t);
         if next_step == Some(t) {
             step_run(&mut sim, t);
+        } else if next_hour == Some(t) {
+            sim.scale_services(&prep.services, t, t >= warmup);
+            next_hour = Some(t + HOUR);
+        } else if next_poll == Some(t) {
+            demand::poll(&mut sim, &ctx, planner, t);
+            next_poll = Some(t + POLL_SECONDS);
         } else if next_dep == Some(t) {
             let Reverse((_, pi, epoch)) = sim.heap.pop().expect("peeked");
             if sim.pods[pi].epoch == epoch && sim.pods[pi].node != NONE {
@@ -1556,6 +1724,8 @@ pub fn run(prep: &Prepared, p: &Params, planner: &str) -> anyhow::Result<Outcome
         runs_skipped: sim.runs_skipped.clone(),
         runs_ended: sim.runs_ended.clone(),
         displaced: sim.displaced,
+        service_evictions: sim.svc_evictions,
+        demand: demand::polled(planner).then(|| sim.demand.clone()),
         pending_at_end: sim.queued(),
         pending_at_end_by_class: pending_by_class,
         wait_seconds,
@@ -1651,7 +1821,16 @@ pub fn run_all(a: &Args) -> anyhow::Result<serde_json::Value> {
             "hnuThresholdPercent": a.params.hnu_threshold,
             "maxPendingGpuPods": a.params.max_pending_gpu_pods,
             "readySeconds": a.params.ready_seconds,
+            "services": a.params.services,
             "descheduler": "once per window opening, at its start",
+            "demand": {
+                "minWaitSeconds": demand::MIN_WAIT,
+                "maxEvictions": demand::MAX_EVICTIONS,
+                "maxEvictionsPerHour": demand::MAX_PER_HOUR,
+                "pollSeconds": POLL_SECONDS,
+                "triesPerPoll": demand::DEMAND_TRIES,
+                "kaiPodsPerPoll": demand::KAI_PER_POLL,
+            },
         },
         "streams": streams,
         "results": results,
@@ -1696,13 +1875,29 @@ pub fn markdown(out: &serde_json::Value) -> String {
         }
     }
     let mut s = String::new();
+    let par = &out["parameters"];
+    let services = par["services"].as_f64().unwrap_or(0.0);
     for w in &workloads {
-        let seeds = out["parameters"]["seeds"].to_string();
+        let seeds = par["seeds"].to_string();
+        let mix = if services > 0.0 {
+            format!(
+                "trace jobs + services at {:.0}% of the load",
+                services * 100.0
+            )
+        } else {
+            "trace jobs only".to_string()
+        };
         s.push_str(&format!(
-            "\n**{w}** (medians over seeds {seeds}; wait = queueing delay, arrival → running)\n\n"
+            "\n**{w}**, load {}, {mix} (medians over seeds {seeds}; wait = queueing delay, \
+             arrival → running)\n\n",
+            par["load"]
         ));
-        s.push_str("| planner | alloc. ratio | evictions | pending at end | p95 wait share | p95 wait 1 | p95 wait 2-4 | p95 wait 8 | p99 wait 8 | p50 wait 8 | mean disruption |\n");
-        s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        s.push_str("| planner | alloc. ratio | evictions | pending at end | p95 wait share | p95 wait 1 | p95 wait 2-4 | p95 wait 8 | p99 wait 8 | p50 wait 8 | p50 wait share / 1 / 2-4 | mean disruption |");
+        s.push_str(if services > 0.0 {
+            " service replicas evicted |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        } else {
+            "\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        });
         for p in &planners {
             let rows: Vec<&serde_json::Value> = results
                 .iter()
@@ -1715,7 +1910,7 @@ pub fn markdown(out: &serde_json::Value) -> String {
                 med(&move |r: &serde_json::Value| r["waitSeconds"][q][c].as_f64())
             };
             s.push_str(&format!(
-                "| {p} | {:.4} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {p} | {:.4} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {} |",
                 med(&|r| r["allocationRatio"].as_f64()).unwrap_or(f64::NAN),
                 med(&|r| r["evictions"].as_f64()).unwrap_or(0.0),
                 med(&|r| r["pendingAtEnd"].as_f64()).unwrap_or(0.0),
@@ -1725,8 +1920,18 @@ pub fn markdown(out: &serde_json::Value) -> String {
                 fmt_s(wait("p95", "8")),
                 fmt_s(wait("p99", "8")),
                 fmt_s(wait("p50", "8")),
+                fmt_s(wait("p50", "share")),
+                fmt_s(wait("p50", "1")),
+                fmt_s(wait("p50", "2-4")),
                 fmt_s(med(&|r| r["disruptionSeconds"]["mean"].as_f64())),
             ));
+            if services > 0.0 {
+                s.push_str(&format!(
+                    " {:.0} |",
+                    med(&|r| r["serviceEvictions"].as_f64().or(Some(0.0))).unwrap_or(0.0)
+                ));
+            }
+            s.push('\n');
         }
     }
     s
@@ -1735,7 +1940,7 @@ pub fn markdown(out: &serde_json::Value) -> String {
 /// A table for people: one row per run.
 pub fn table(out: &serde_json::Value) -> String {
     let mut s = format!(
-        "{:<12} {:>4} {:<22} {:>7} {:>6} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}\n",
+        "{:<12} {:>4} {:<22} {:>7} {:>6} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}\n",
         "WORKLOAD",
         "SEED",
         "PLANNER",
@@ -1747,12 +1952,13 @@ pub fn table(out: &serde_json::Value) -> String {
         "p95 2-4",
         "p95 8",
         "p99 8",
+        "p50 8",
         "DISRUPT"
     );
     for r in out["results"].as_array().into_iter().flatten() {
         let w = |q: &str, c: &str| fmt_s(r["waitSeconds"][q][c].as_f64());
         s.push_str(&format!(
-            "{:<12} {:>4} {:<22} {:>7.4} {:>6} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}\n",
+            "{:<12} {:>4} {:<22} {:>7.4} {:>6} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}\n",
             r["workload"].as_str().unwrap_or(""),
             r["seed"],
             r["planner"].as_str().unwrap_or(""),
@@ -1764,6 +1970,7 @@ pub fn table(out: &serde_json::Value) -> String {
             w("p95", "2-4"),
             w("p95", "8"),
             w("p99", "8"),
+            w("p50", "8"),
             fmt_s(r["disruptionSeconds"]["mean"].as_f64()),
         ));
     }
@@ -1962,6 +2169,7 @@ mod tests {
                 evicted_at: None,
                 measured: false,
                 bound_at: 0.0,
+                svc: NONE,
             });
             let pi = sim.pods.len() - 1;
             let tp = &t[k as usize];
@@ -2052,29 +2260,7 @@ mod tests {
     #[test]
     fn defragmentation_shortens_the_wait_of_an_8_gpu_pod() {
         let t = [tpl(1, 1000), tpl(8, 1000)];
-        let trace = Trace {
-            nodes: (0..2)
-                .map(|i| crate::trace::TraceNode {
-                    name: format!("n-{i}"),
-                    cpu_milli: 96_000,
-                    memory_mib: 512 << 10,
-                    gpus: 8,
-                    model: "A".into(),
-                })
-                .collect(),
-            pods: [(1, 1000), (8, 1000)]
-                .iter()
-                .map(|&(g, m)| crate::trace::TracePod {
-                    name: format!("t{g}"),
-                    cpu_milli: 1000,
-                    memory_mib: 1 << 10,
-                    num_gpu: g,
-                    gpu_milli: m,
-                    models: vec![],
-                })
-                .collect(),
-            cpu_only_skipped: 0,
-        };
+        let trace = tiny_trace();
         let stream = |sim: &mut Sim| {
             // A spreading start: 1-GPU pods alternate between the nodes.
             for i in 0..4 {
@@ -2090,6 +2276,7 @@ mod tests {
                     evicted_at: None,
                     measured: false,
                     bound_at: 0.0,
+                    svc: NONE,
                 });
                 sim.bind(i, i % 2, 1 << (i / 2), 0.0);
             }
@@ -2109,6 +2296,7 @@ mod tests {
             hnu_threshold: 50.0,
             max_pending_gpu_pods: 5,
             ready_seconds: 30.0,
+            services: 0.0,
         };
         let base_nodes = scenario::nodes_of(&trace);
         let ctx = Ctx {
@@ -2146,5 +2334,131 @@ mod tests {
         stream(&mut sim);
         window(&mut sim, &ctx, "none", 2.0 * HOUR, 5.0 * HOUR);
         assert_eq!(sim.queued(), 1, "no descheduler: still waiting");
+    }
+
+    fn tiny_trace() -> Trace {
+        Trace {
+            nodes: (0..2)
+                .map(|i| crate::trace::TraceNode {
+                    name: format!("n-{i}"),
+                    cpu_milli: 96_000,
+                    memory_mib: 512 << 10,
+                    gpus: 8,
+                    model: "A".into(),
+                })
+                .collect(),
+            pods: [(1, 1000), (8, 1000)]
+                .iter()
+                .map(|&(g, m)| crate::trace::TracePod {
+                    name: format!("t{g}"),
+                    cpu_milli: 1000,
+                    memory_mib: 1 << 10,
+                    num_gpu: g,
+                    gpu_milli: m,
+                    models: vec![],
+                })
+                .collect(),
+            cpu_only_skipped: 0,
+        }
+    }
+
+    fn tiny_params() -> Params {
+        Params {
+            workload: "tiny".into(),
+            seed: 1,
+            days: 2.0,
+            warmup_days: 0.0,
+            load: 0.9,
+            windows: vec![],
+            window_hours: 3.0,
+            budget: 0.5,
+            max_lifetime_hours: 1e6,
+            hnu_threshold: 50.0,
+            max_pending_gpu_pods: 5,
+            ready_seconds: 30.0,
+            services: 0.0,
+        }
+    }
+
+    /// Two 8-GPU nodes with two long 1-GPU pods each and an 8-GPU pod waiting: a demand
+    /// run serves it once it has waited `minWait` (evicting the two pods of one node,
+    /// which land on the other, and binding it on the room at once); KAI-style
+    /// consolidation at the first poll.
+    #[test]
+    fn demand_runs_serve_a_waiting_8_gpu_pod() {
+        let t = [tpl(1, 1000), tpl(8, 1000)];
+        let trace = tiny_trace();
+        let params = tiny_params();
+        let base_nodes = scenario::nodes_of(&trace);
+        let ctx = Ctx {
+            trace: &trace,
+            base_nodes: &base_nodes,
+            params: &params,
+            base: base_time(),
+        };
+        for planner in ["gpu-defrag-demand", "kai-consolidation"] {
+            let mut sim = Sim::new(&t, nodes(2, 8), Placer::BinPack, Vec::new());
+            for i in 0..4 {
+                sim.arrive(&arrival(0.0, 0, 10.0 * DAY), false);
+                sim.unbind(i);
+                sim.bind(i, i % 2, 1 << (i / 2), 0.0);
+            }
+            sim.arrive(&arrival(HOUR, 1, HOUR), true);
+            assert_eq!(sim.queued(), 1);
+            demand::poll(&mut sim, &ctx, planner, HOUR + 300.0);
+            if planner == "gpu-defrag-demand" {
+                assert_eq!(sim.queued(), 1, "{planner}: not before minWait");
+                demand::poll(&mut sim, &ctx, planner, HOUR + 600.0);
+            }
+            assert_eq!(sim.queued(), 0, "{planner}");
+            assert_eq!(sim.evictions, 2, "{planner}");
+            assert_eq!(sim.demand.runs, 1, "{planner}");
+            assert_eq!(sim.demand.served_on_room, 1, "{planner}");
+            assert_eq!(sim.demand.landed_as_planned, 2, "{planner}");
+            let wait = if planner == "kai-consolidation" {
+                300.0
+            } else {
+                600.0
+            };
+            assert_eq!(sim.waits[3], vec![wait], "{planner}");
+            let n = sim.pods[4].node;
+            assert!(
+                sim.pods.iter().filter(|p| p.node == n).count() == 1,
+                "{planner}: the 8-GPU pod alone on its node"
+            );
+        }
+    }
+
+    /// Services follow their replica counts; scale-down deletes pending replicas first,
+    /// then the newest running ones.
+    #[test]
+    fn services_scale_up_and_down() {
+        let t = [tpl(1, 1000), tpl(8, 1000)];
+        let mut sim = Sim::new(&t, nodes(1, 8), Placer::BinPack, Vec::new());
+        let mut svc = Service {
+            tpl: 0,
+            mean: 10.0,
+            phase_hours: 0.0,
+        };
+        let at = |s: &Service, want: usize| {
+            // The hour of the curve where `want` replicas are asked (search a day).
+            (0..24)
+                .map(|h| f64::from(h) * HOUR)
+                .find(|&x| s.replicas(x) == want)
+        };
+        // 10 replicas wanted at some hour: 8 run, 2 wait (one 8-GPU node).
+        let t10 = at(&svc, 10).expect("the curve passes 10");
+        sim.scale_services(std::slice::from_ref(&svc), t10, true);
+        assert_eq!(sim.svc_pods[0].len(), 10);
+        assert_eq!(sim.queued(), 2);
+        assert_eq!(sim.running().len(), 8);
+        // Fewer wanted: the two pending go first, then the newest running one.
+        svc.mean = 7.0 / (1.0 + services::AMPLITUDE * 1.0);
+        let tp = services::PEAK_HOUR * HOUR;
+        assert_eq!(svc.replicas(tp), 7);
+        sim.scale_services(std::slice::from_ref(&svc), tp + DAY, true);
+        assert_eq!(sim.svc_pods[0].len(), 7);
+        assert_eq!(sim.queued(), 0);
+        assert_eq!(sim.running(), (0..7).collect::<Vec<_>>());
     }
 }
