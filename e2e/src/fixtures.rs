@@ -150,3 +150,15 @@ pub async fn wait_ready_pods(
     )
     .await
 }
+
+/// Cordons (`true`) or uncordons a node (`spec.unschedulable`).
+pub async fn set_unschedulable(client: &Client, node: &str, unschedulable: bool) {
+    Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .patch(
+            node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"unschedulable": unschedulable}})),
+        )
+        .await
+        .unwrap();
+}

@@ -25,7 +25,8 @@ use gpu_defrag_e2e::{
         Case, QUIET, RUN_TIMEOUT, T, has_finished_run, hold_replacements, release_replacements,
     },
     fixtures::{
-        FAKE_IMAGE, GPU_RESOURCE, GPU_SCHEDULER, pod_ready, pods, wait_for, wait_ready_pods,
+        FAKE_IMAGE, GPU_RESOURCE, GPU_SCHEDULER, pod_ready, pods, set_unschedulable, wait_for,
+        wait_ready_pods,
     },
     operator::{
         Operator, PodWatch, Pool, allow_one_disruption, int_at, patch_policy, pod_node,
@@ -34,12 +35,12 @@ use gpu_defrag_e2e::{
 };
 use k8s_openapi::api::{
     apps::v1::Deployment,
-    core::v1::{Event, Node, Pod},
+    core::v1::{Event, Pod},
     scheduling::v1::PriorityClass,
 };
 use kube::{
     Api, Client,
-    api::{ListParams, Patch, PatchParams, PostParams},
+    api::{ListParams, PostParams},
 };
 use serde_json::{Value, json};
 
@@ -120,17 +121,6 @@ async fn fill(c: &Case, i: usize, gpus: u32) {
         .await
         .unwrap();
     wait_ready_pods(&c.client, c.name(), &format!("app={name}"), 1, T)
-        .await
-        .unwrap();
-}
-
-async fn set_unschedulable(client: &Client, node: &str, unschedulable: bool) {
-    Api::<Node>::all(client.clone())
-        .patch(
-            node,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"unschedulable": unschedulable}})),
-        )
         .await
         .unwrap();
 }

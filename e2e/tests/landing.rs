@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use gpu_defrag_e2e::{
     case::{Case, T},
-    fixtures::{FAKE_IMAGE, GPU_RESOURCE, pod_ready, pods, wait_for, wait_ready_pods},
+    fixtures::{
+        FAKE_IMAGE, GPU_RESOURCE, pod_ready, pods, set_unschedulable, wait_for, wait_ready_pods,
+    },
     operator::{
         LANDING_GATE, LANDING_NAMESPACE, Operator, allow_one_disruption, apply_landing_admission,
         install_landing, int_at, landing_configmap, metric_sum, pod_node, str_at, wait_status,
@@ -18,7 +20,7 @@ use gpu_defrag_e2e::{
 };
 use k8s_openapi::api::{
     apps::v1::{Deployment, ReplicaSet},
-    core::v1::{ConfigMap, Node, Pod},
+    core::v1::{ConfigMap, Pod},
 };
 use kube::{
     Api,
@@ -53,17 +55,6 @@ fn bare_pod(c: &Case, name: &str, node: &str, gpus: u32, cpu: &str) -> Pod {
     p
 }
 
-async fn set_unschedulable(c: &Case, node: &str, unschedulable: bool) {
-    Api::<Node>::all(c.client.clone())
-        .patch(
-            node,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"unschedulable": unschedulable}})),
-        )
-        .await
-        .unwrap();
-}
-
 /// Where the two movers of [`tie_case`] were planned and where they landed.
 struct TieResult {
     c: Case,
@@ -88,8 +79,8 @@ async fn tie_case(prefix: &str, landing: Value) -> TieResult {
         pods_api.create(&PostParams::default(), &p).await.unwrap();
     }
     // The movers go to n0: the others are cordoned while they are placed.
-    set_unschedulable(&c, &nodes[1], true).await;
-    set_unschedulable(&c, &nodes[2], true).await;
+    set_unschedulable(&c.client, &nodes[1], true).await;
+    set_unschedulable(&c.client, &nodes[2], true).await;
     let movers = vec!["mover-a".to_string(), "mover-b".to_string()];
     for m in &movers {
         let d = c.pool.deployment(m, 1, 1).unwrap();
@@ -104,8 +95,8 @@ async fn tie_case(prefix: &str, landing: Value) -> TieResult {
     wait_ready_pods(&c.client, c.name(), "app in (fill-1,fill-2)", 2, T)
         .await
         .unwrap();
-    set_unschedulable(&c, &nodes[1], false).await;
-    set_unschedulable(&c, &nodes[2], false).await;
+    set_unschedulable(&c.client, &nodes[1], false).await;
+    set_unschedulable(&c.client, &nodes[2], false).await;
     for p in pods(&c.client, c.name(), "app in (mover-a,mover-b)")
         .await
         .unwrap()

@@ -348,7 +348,8 @@ impl Search<'_> {
                 self.avoid.clear();
                 best = self.best_room(st, pi, left)?;
             }
-            let Some((node, victims)) = best else {
+            self.avoid.clear();
+            let Some((node, victims, (devices, placed))) = best else {
                 let p = &c.pods[pi];
                 let r = &self.why;
                 let gang = if order.len() > 1 {
@@ -375,17 +376,6 @@ impl Search<'_> {
                     r.no_fit,
                     r.limits,
                     r.no_replace
-                ));
-            };
-            // Verified again on the same state, with the same reservation: the same
-            // placements.
-            let verified = self.verify(st, pi, node, &victims)?;
-            self.avoid.clear();
-            let Some((devices, placed)) = verified else {
-                return no_room(format!(
-                    "the room on {} for {} did not verify twice",
-                    c.nodes[node].name,
-                    c.pods[pi].key()
                 ));
             };
             let gain_before = st.totals().fragment_milli;
@@ -415,13 +405,13 @@ impl Search<'_> {
         Ok(found)
     }
 
-    /// The cheapest room for pod `pi` that verifies: (node, victims).
+    /// The cheapest room for pod `pi` that verifies: (node, victims, its placements).
     fn best_room(
         &mut self,
         st: &mut State,
         pi: usize,
         left: u32,
-    ) -> Result<Option<(usize, Vec<usize>)>, Stop> {
+    ) -> Result<Option<(usize, Vec<usize>, Verified)>, Stop> {
         self.why = Rejections::default();
         let cands = self.candidates(st, pi)?;
         for (_, _, n, v) in cands {
@@ -429,8 +419,8 @@ impl Search<'_> {
                 self.why.limits += 1;
                 continue;
             }
-            if self.verify(st, pi, n, &v)?.is_some() {
-                return Ok(Some((n, v)));
+            if let Some(verified) = self.verify(st, pi, n, &v)? {
+                return Ok(Some((n, v, verified)));
             }
             self.why.no_replace += 1;
         }
