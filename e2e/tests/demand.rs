@@ -3,9 +3,10 @@
 //! fits no node gets the cheapest room made for it, held while it drains (fence) and once
 //! free (nomination) until the real kube-scheduler binds it there.
 //!
-//! Every policy here is `Enforce` in a window that is closed now, with
-//! `demand.outsideWindows: true`: a window run (which would also make room for a pending
-//! 8-GPU pod) never starts, so whatever moves is a demand run's doing.
+//! Every policy here is `Enforce` with no maintenance window and
+//! `demand.outsideWindows: true` (demand runs only, which the API server admits): a
+//! window run (which would also make room for a pending 8-GPU pod) never starts, so
+//! whatever moves is a demand run's doing.
 //!
 //! Node layouts are built by hand: bare pods (no controller: never moved) are bound by
 //! name, the movable Deployments are placed by cordoning the pool's other nodes while they
@@ -52,22 +53,12 @@ const GANG_LABEL: &str = "scheduling.x-k8s.io/pod-group";
 // === building blocks ===
 
 /// A daily window that opens 12 hours from now: closed for the whole test.
-fn closed_window() -> Value {
-    use chrono::Timelike;
-    let now = chrono::Utc::now();
-    json!({
-        "schedule": format!("{} {} * * *", now.minute(), (now.hour() + 12) % 24),
-        "duration": "1h",
-        "timeZone": "UTC",
-    })
-}
-
-/// An Enforce policy over the case's pool and namespace that runs demand runs only: its
-/// one window is closed, `demand.outsideWindows` is on, `minWait` is [`MIN_WAIT_S`].
+/// An Enforce policy over the case's pool and namespace that runs demand runs only: no
+/// window, `demand.outsideWindows` on, `minWait` [`MIN_WAIT_S`].
 fn demand_spec(c: &Case, limits: Value) -> Value {
     let mut spec = c.spec(json!([{"gpus": 8}]), limits);
     spec["mode"] = json!("Enforce");
-    spec["windows"] = json!([closed_window()]);
+    spec["windows"] = json!([]);
     spec["demand"] = json!({
         "minWait": format!("{MIN_WAIT_S}s"),
         "outsideWindows": true,
@@ -476,6 +467,17 @@ async fn a_pending_8_gpu_pod_runs_on_a_room_held_against_small_pods() {
     )
     .await
     .unwrap();
+    let in_window = st
+        .pointer("/conditions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .find(|c| str_at(c, "/type") == Some("InWindow"));
+    assert_eq!(
+        in_window.and_then(|c| str_at(c, "/message")),
+        Some("no maintenance window: demand runs only"),
+        "{st:#}"
+    );
     let run = st.pointer("/lastRuns/0").unwrap();
     assert_eq!(str_at(run, "/result"), Some("Succeeded"), "{run:#}");
     assert_eq!(

@@ -69,12 +69,12 @@ pub const DURATION_PATTERN: &str = r"^([0-9]+(ms|s|m|h))+$";
         json_path = ".metadata.creationTimestamp"
     )
 )]
-#[x_kube(validation = Rule::new("self.mode == 'DryRun' || size(self.windows) > 0").message("mode Enforce needs at least one maintenance window in spec.windows"))]
+#[x_kube(validation = Rule::new("self.mode == 'DryRun' || size(self.windows) > 0 || (has(self.demand) && has(self.demand.outsideWindows) && self.demand.outsideWindows)").message("mode Enforce needs at least one maintenance window in spec.windows, or demand.outsideWindows: true (demand runs only)"))]
 #[serde(rename_all = "camelCase")]
 pub struct DefragPolicySpec {
     /// `DryRun` (default) measures fragmentation and publishes the plan it would run, but
     /// never evicts. `Enforce` evicts, only inside a maintenance window and only when the
-    /// fragment rate is at or above `trigger.minFragmentRate`.
+    /// fragment rate is at or above `trigger.minFragmentRate` (demand runs: see `demand`).
     #[serde(default)]
     pub mode: Mode,
 
@@ -107,7 +107,8 @@ pub struct DefragPolicySpec {
     pub trigger: Option<Trigger>,
 
     /// Maintenance windows. Evictions happen only while one is open. Required (at least
-    /// one) in `Enforce` mode.
+    /// one) in `Enforce` mode, unless `demand.outsideWindows` is true: with no window such
+    /// a policy runs demand runs only, never a defragmentation run.
     #[serde(default)]
     #[schemars(length(max = 16))]
     pub windows: Vec<Window>,

@@ -533,6 +533,7 @@ fn reconcile_once(caches: &Caches, dp: &DefragPolicy, metrics: &Metrics) -> Outc
         plan: &obs.plan,
         min_fragment_rate: policy.min_fragment_rate,
         min_nodes_freed: policy.min_nodes_freed,
+        demand_anytime: policy.demand.as_ref().is_some_and(|d| d.outside_windows),
     };
     let _ = decide::newly_without_gpu_nodes(&s);
     let _decision = decide::run_decision(&s, false);

@@ -114,9 +114,13 @@ pub fn check_spec(spec: &serde_json::Value) -> Result<(), String> {
             .get("windows")
             .and_then(|w| w.as_array())
             .is_none_or(|w| w.is_empty())
+        && spec
+            .pointer("/demand/outsideWindows")
+            .and_then(|o| o.as_bool())
+            != Some(true)
     {
         errors.push(
-            "spec: mode Enforce needs at least one maintenance window in spec.windows".into(),
+            "spec: mode Enforce needs at least one maintenance window in spec.windows, or demand.outsideWindows: true (demand runs only)".into(),
         );
     }
     for (i, w) in spec
@@ -472,6 +476,10 @@ mod tests {
         for (text, says) in [
             ("mode: Enforce\n", "needs at least one maintenance window"),
             (
+                "mode: Enforce\ndemand: {outsideWindows: false}\n",
+                "needs at least one maintenance window",
+            ),
+            (
                 "mode: Enforce\nwindows: [{schedule: '0 2 * * *', duration: 3h, timeZone: Mars/Olympus}]\n",
                 "Mars/Olympus",
             ),
@@ -503,5 +511,7 @@ mod tests {
             )
             .is_ok()
         );
+        // Demand runs only: Enforce with no window.
+        assert!(read("mode: Enforce\ndemand: {outsideWindows: true}\n").is_ok());
     }
 }

@@ -590,7 +590,10 @@ pub fn status_detail(p: &PolicyView, now: DateTime<Utc>) -> String {
             );
         }
         None => {
-            let _ = writeln!(s, "Window         none (no spec.windows: plan only)");
+            let _ = writeln!(
+                s,
+                "Window         none (no spec.windows: no defragmentation run)"
+            );
         }
     }
     let run_rows = |runs: &[&RunRecord]| {

@@ -35,7 +35,8 @@
 //!   repacking that cannot place every running pod again is not used (that window is
 //!   counted in `runsSkipped.repack-incomplete`).
 //! - **Polled rows** ([`demand`]): `gpu-defrag-demand` (the nightly run plus demand runs
-//!   at any time) and `kai-consolidation` look at the queue every `POLL_SECONDS`.
+//!   at any time), `gpu-defrag-demand-only` (demand runs, no nightly run) and
+//!   `kai-consolidation` look at the queue every `POLL_SECONDS`.
 //! - **Services** (`--services FRACTION`, [`services`]): that share of the offered load is
 //!   long-running, daily-scaled replicas of 40 services; the trace's jobs offer the rest.
 //! - **Measures** after `warmup_days`: time-averaged GPU allocation ratio; queueing
@@ -70,14 +71,16 @@ use crate::trace::{self, Trace};
 /// [`bench::WHOLE_NODE_SHAPE_WEIGHT`] (the policy a user who wants whole nodes writes).
 ///
 /// `kai-consolidation` is a KAI-style consolidation at every poll, `gpu-defrag-demand`
-/// gpu-defrag's nightly run plus demand runs at any time ([`demand`]).
-pub const PLANNERS: [&str; 10] = [
+/// gpu-defrag's nightly run plus demand runs at any time, `gpu-defrag-demand-only` the
+/// demand runs alone ([`demand`]).
+pub const PLANNERS: [&str; 11] = [
     "none",
     "high-node-utilization",
     "fgd-descheduler",
     "kai-consolidation",
     "gpu-defrag",
     "gpu-defrag-demand",
+    "gpu-defrag-demand-only",
     "gpu-defrag-unguarded",
     "gpu-defrag-8gpu",
     "fgd-placement",
@@ -1414,7 +1417,8 @@ pub struct Outcome {
     /// Evictions of service replicas (`--services`).
     #[serde(skip_serializing_if = "is_zero")]
     pub service_evictions: usize,
-    /// The polled rows (`gpu-defrag-demand`, `kai-consolidation`): planner calls by
+    /// The polled rows (`gpu-defrag-demand`, `gpu-defrag-demand-only`,
+    /// `kai-consolidation`): planner calls by
     /// outcome, runs, evictions, where the served and evicted pods went.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub demand: Option<demand::Stats>,
@@ -1596,7 +1600,10 @@ pub fn run(prep: &Prepared, p: &Params, planner: &str) -> anyhow::Result<Outcome
     let horizon = p.days * DAY;
     let warmup = (p.warmup_days * DAY).min(horizon);
     let base = base_time();
-    let windows = if matches!(planner, "none" | "fgd-placement" | "kai-consolidation") {
+    let windows = if matches!(
+        planner,
+        "none" | "fgd-placement" | "kai-consolidation" | "gpu-defrag-demand-only"
+    ) {
         Vec::new()
     } else {
         window_openings(&p.windows, p.window_hours, base, horizon)?
@@ -2396,7 +2403,11 @@ mod tests {
             params: &params,
             base: base_time(),
         };
-        for planner in ["gpu-defrag-demand", "kai-consolidation"] {
+        for planner in [
+            "gpu-defrag-demand",
+            "gpu-defrag-demand-only",
+            "kai-consolidation",
+        ] {
             let mut sim = Sim::new(&t, nodes(2, 8), Placer::BinPack, Vec::new());
             for i in 0..4 {
                 sim.arrive(&arrival(0.0, 0, 10.0 * DAY), false);
@@ -2406,7 +2417,7 @@ mod tests {
             sim.arrive(&arrival(HOUR, 1, HOUR), true);
             assert_eq!(sim.queued(), 1);
             demand::poll(&mut sim, &ctx, planner, HOUR + 300.0);
-            if planner == "gpu-defrag-demand" {
+            if planner != "kai-consolidation" {
                 assert_eq!(sim.queued(), 1, "{planner}: not before minWait");
                 demand::poll(&mut sim, &ctx, planner, HOUR + 600.0);
             }

@@ -117,6 +117,8 @@ pub struct Situation<'a> {
     pub min_fragment_rate: f64,
     /// The benefit gate (`trigger.minNodesFreed`; 0: none).
     pub min_nodes_freed: u32,
+    /// `demand.outsideWindows: true`: demand runs may start with no window open.
+    pub demand_anytime: bool,
 }
 
 impl Situation<'_> {
@@ -320,7 +322,11 @@ pub fn conditions(
             ConditionType::InWindow,
             false,
             Reason::NoWindow,
-            "no maintenance window: dry run only",
+            if s.enforce && s.demand_anytime {
+                "no maintenance window: demand runs only"
+            } else {
+                "no maintenance window: dry run only"
+            },
         ),
     });
     wanted.push(if running || !run_note.is_empty() {
@@ -754,6 +760,7 @@ mod tests {
             plan,
             min_fragment_rate: 0.0,
             min_nodes_freed: 0,
+            demand_anytime: false,
         }
     }
 
@@ -1048,6 +1055,19 @@ mod tests {
         );
         let none = conds.iter().find(|w| w.type_ == "InWindow").unwrap();
         assert_eq!(none.reason, "NoWindow");
+        assert_eq!(none.message, "no maintenance window: dry run only");
+        // Enforce with no window and demand runs at any time: demand runs only.
+        let demand_only = Situation {
+            enforce: true,
+            demand_anytime: true,
+            ..s
+        };
+        let conds = conditions(&demand_only, None, false, "", None, None);
+        let w = conds.iter().find(|w| w.type_ == "InWindow").unwrap();
+        assert_eq!(
+            (w.reason.as_str(), w.message.as_str()),
+            ("NoWindow", "no maintenance window: demand runs only")
+        );
     }
 
     #[test]

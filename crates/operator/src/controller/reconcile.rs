@@ -66,6 +66,7 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
         plan: &obs.plan,
         min_fragment_rate: policy.min_fragment_rate,
         min_nodes_freed: policy.min_nodes_freed,
+        demand_anytime: policy.demand.as_ref().is_some_and(|d| d.outside_windows),
     };
     if decide::newly_without_gpu_nodes(&s) {
         let note = decide::NO_GPU_NODES.to_string();

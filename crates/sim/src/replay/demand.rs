@@ -13,6 +13,8 @@
 //!   its room at once, before the queue is served (the hold: no other pod takes the room
 //!   first); then the queue, the evicted pods among it, is served by the bin-packing
 //!   placer.
+//! - `gpu-defrag-demand-only`: the same demand runs with no nightly run (a policy with
+//!   `demand.outsideWindows: true` whose window never comes, or comes in `DryRun`).
 //! - `kai-consolidation`: no windows; at every poll, the pending GPU pods that fit no
 //!   node (no minimum wait: KAI consolidates in every scheduling cycle), oldest first, up
 //!   to [`KAI_PER_POLL`] of them, each through the same planner with a loosened policy:
@@ -85,7 +87,10 @@ fn key_of(sim: &Sim, pi: usize) -> ShapeKey {
 
 /// Whether `planner` is polled.
 pub fn polled(planner: &str) -> bool {
-    matches!(planner, "gpu-defrag-demand" | "kai-consolidation")
+    matches!(
+        planner,
+        "gpu-defrag-demand" | "gpu-defrag-demand-only" | "kai-consolidation"
+    )
 }
 
 /// A limit no run reaches (not `u32::MAX`: limits are added to counts).
