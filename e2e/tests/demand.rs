@@ -938,6 +938,20 @@ async fn gang_with_room() -> (Case, f64, Vec<String>) {
     rec_nodes.sort();
     assert_eq!(rec_nodes, expected, "{rec:#}");
     assert_eq!(int_at(&rec, "/evictions"), Some(6), "{rec:#}");
+    // Each member is told its own room's evictions: 2 on node 0, 4 on node 1.
+    let mut told = Vec::new();
+    for p in &gang {
+        told.extend(
+            making_room_events(&c.client, c.name(), p.metadata.name.as_deref().unwrap()).await,
+        );
+    }
+    for (node, k) in [(&c.pool.nodes[0], 2), (&c.pool.nodes[1], 4)] {
+        let says = format!("making room on {node}: {k} evictions there, 6 for the gang of 2");
+        assert!(
+            told.iter().any(|m| m.contains(&says)),
+            "a MakingRoom Event says {says:?}: {told:?}"
+        );
+    }
     wait_deployments_ready(&c.client, c.name(), &movers, T)
         .await
         .unwrap();

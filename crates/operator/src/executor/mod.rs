@@ -154,7 +154,7 @@ async fn run_steps(
 ) -> Result<(), Error> {
     let (mut run, steps) = Run::plan(ctx, dp, policy, window_end, how, stop).await;
     // 1. Record first, so a restart can resume or clean up.
-    run.record_start().await?;
+    run.record_start(&steps).await?;
     // 2. Fence. 3–5. Evict, pace, wait. A step that fails takes the fences back first.
     let mut stop = match run.fence_and_evict(&steps).await {
         Ok(stop) => stop,
@@ -379,17 +379,34 @@ impl Run {
         write_runs(&self.ctx, &self.name, Some(&self.rec), &self.last_runs).await
     }
 
-    /// Records the run before it acts; announces a new run (a demand run on its pods too).
-    async fn record_start(&self) -> Result<(), Error> {
+    /// Records the run before it acts; announces a new run (a demand run on its pods too:
+    /// a gang member is told its own room's evictions and the gang's).
+    async fn record_start(&self, steps: &[Step]) -> Result<(), Error> {
         self.write().await?;
         if let Some(d) = &self.rec.demand {
+            let total = self.rec.planned;
+            let gang = d.pods.len() > 1;
             for (key, node) in d.pods.iter().zip(&d.nodes) {
-                let k = self.rec.planned;
-                let note = format!(
-                    "gpu-defrag is making room on {node}: {k} eviction{} (run {})",
-                    if k == 1 { "" } else { "s" },
-                    self.rec.id
-                );
+                let k = if gang {
+                    steps.iter().filter(|s| s.m.from_node == *node).count() as i64
+                } else {
+                    total
+                };
+                let plural = |n: i64| if n == 1 { "" } else { "s" };
+                let note = if gang {
+                    format!(
+                        "gpu-defrag is making room on {node}: {k} eviction{} there, {total} for the gang of {} (run {})",
+                        plural(k),
+                        d.pods.len(),
+                        self.rec.id
+                    )
+                } else {
+                    format!(
+                        "gpu-defrag is making room on {node}: {k} eviction{} (run {})",
+                        plural(k),
+                        self.rec.id
+                    )
+                };
                 self.event_on_pod(key, EventType::Normal, EventReason::MakingRoom, note)
                     .await;
             }
