@@ -145,6 +145,8 @@ echo "scale (planner on 10k nodes, 80k GPUs, 200k pods)…" >&2
 echo "operator reconcile cost (10k nodes, 80k GPUs, 200k pods)…" >&2
 RECONCILE_CMD="cargo run --release -p gpu-defrag-operator --example reconcile_cost -- --nodes 10000 --gpus-per-node 8 --pods 200000 --reps 5"
 target/release/examples/reconcile_cost --nodes 10000 --gpus-per-node 8 --pods 200000 --reps 5 >"$TMP/reconcile.json"
+DEMAND_COST_CMD="cargo run --release -p gpu-defrag-operator --example reconcile_cost -- --nodes 10000 --gpus-per-node 8 --pods 240000 --demand --pending-8gpu 4 --reps 3"
+target/release/examples/reconcile_cost --nodes 10000 --gpus-per-node 8 --pods 240000 --demand --pending-8gpu 4 --reps 3 >"$TMP/reconcile-demand.json"
 RECONCILE_CPU=$(num .reconcileCpuSeconds "$TMP/reconcile.json")
 RECONCILE_WALL=$(num .reconcileWallSeconds "$TMP/reconcile.json")
 RECONCILE_RSS=$(num .peakRssMiB "$TMP/reconcile.json")
@@ -370,6 +372,17 @@ resolved GPU record between reconciles are what is left. Peak memory by cluster 
 (same command, `--nodes P/20 --pods P --reps 3`): 133 MiB at 20,000 pods, 249 MiB at
 50,000, 477 MiB at 100,000 (docs/install.md sizes the Deployment from these).
 RECONCILENOTE
+  cat <<EOF
+
+**Demand runs at scale** (\`$DEMAND_COST_CMD\`): the same generated cluster with 240,000
+pods (the cluster over-full, many pending) and four pending 8-GPU pods that fit no node,
+under a policy with \`demand: {minWait: 0s, outsideWindows: true}\`: the reconcile's
+demand part (the waiting pods found, then up to three demand searches) took
+$(fmt 2 "$(num .phaseCpuSeconds.demand "$TMP/reconcile-demand.json")") s of CPU of a
+$(fmt 2 "$(num .reconcileCpuSeconds "$TMP/reconcile-demand.json")") s reconcile
+(waiting groups, evictions of the demand run started and its search steps:
+\`$(jq -c .demand "$TMP/reconcile-demand.json")\`).
+EOF
 
   cat <<'FINDINGS'
 

@@ -85,6 +85,10 @@ struct Args {
     /// reconcile: the waiting pods found, and up to three demand searches.
     #[arg(long)]
     demand: bool,
+    /// Pending 8-GPU pods (Unschedulable, of the bin-packing scheduler) added after the
+    /// others: with `--demand`, the pods its searches serve.
+    #[arg(long, default_value_t = 0)]
+    pending_8gpu: usize,
 }
 
 const REPLICAS: usize = 4;
@@ -342,7 +346,18 @@ fn generate(a: &Args) -> Caches {
         projection += t.elapsed();
         pods_w.apply_watcher_event(&watcher::Event::Apply(p));
     }
-    let workloads = a.pods.div_ceil(REPLICAS);
+    for k in a.pods..a.pods + a.pending_8gpu {
+        let req: BTreeMap<String, Quantity> = [
+            ("cpu".to_string(), q("8000m")),
+            ("memory".to_string(), q("16Gi")),
+            (NVIDIA_GPU.to_string(), q("8")),
+        ]
+        .into();
+        let p = pod_obj(k, None, req, BTreeMap::new(), &started);
+        pods_w.apply_watcher_event(&watcher::Event::Apply(CachedPod::of(&p)));
+        pending += 1;
+    }
+    let workloads = (a.pods + a.pending_8gpu).div_ceil(REPLICAS);
     let replica_sets = (0..workloads)
         .map(|w| {
             let (ns, deploy) = workload(w);
