@@ -30,7 +30,7 @@ use gpu_defrag_e2e::{
         wait_ready_pods,
     },
     operator::{
-        Operator, PodWatch, Pool, allow_one_disruption, int_at, patch_policy, pod_node,
+        Operator, PodWatch, Pool, allow_one_disruption, condition, int_at, patch_policy, pod_node,
         policy_status, str_at, strings_at, wait_deployments_ready, wait_status,
     },
 };
@@ -52,7 +52,6 @@ const GANG_LABEL: &str = "scheduling.x-k8s.io/pod-group";
 
 // === building blocks ===
 
-/// A daily window that opens 12 hours from now: closed for the whole test.
 /// An Enforce policy over the case's pool and namespace that runs demand runs only: no
 /// window, `demand.outsideWindows` on, `minWait` [`MIN_WAIT_S`].
 fn demand_spec(c: &Case, limits: Value) -> Value {
@@ -467,14 +466,8 @@ async fn a_pending_8_gpu_pod_runs_on_a_room_held_against_small_pods() {
     )
     .await
     .unwrap();
-    let in_window = st
-        .pointer("/conditions")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .find(|c| str_at(c, "/type") == Some("InWindow"));
     assert_eq!(
-        in_window.and_then(|c| str_at(c, "/message")),
+        condition(&st, "InWindow").and_then(|c| str_at(c, "/message")),
         Some("no maintenance window: demand runs only"),
         "{st:#}"
     );

@@ -87,7 +87,7 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
             && s.enforce
             && !s.suspended
             && s.conflict.is_none()
-            && (s.open.is_some() || d.outside_windows);
+            && (s.open.is_some() || s.demand_anytime);
         demand::consider(d, &policy, &obs.cluster, &old, now, may_start)
     });
     if let Some(c) = &considered {

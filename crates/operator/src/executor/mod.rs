@@ -385,28 +385,19 @@ impl Run {
         self.write().await?;
         if let Some(d) = &self.rec.demand {
             let total = self.rec.planned;
-            let gang = d.pods.len() > 1;
+            let gang = (d.pods.len() > 1)
+                .then(|| format!(" there, {total} for the gang of {}", d.pods.len()));
             for (key, node) in d.pods.iter().zip(&d.nodes) {
-                let k = if gang {
-                    steps.iter().filter(|s| s.m.from_node == *node).count() as i64
-                } else {
-                    total
+                let k = match gang {
+                    Some(_) => steps.iter().filter(|s| s.m.from_node == *node).count() as i64,
+                    None => total,
                 };
-                let plural = |n: i64| if n == 1 { "" } else { "s" };
-                let note = if gang {
-                    format!(
-                        "gpu-defrag is making room on {node}: {k} eviction{} there, {total} for the gang of {} (run {})",
-                        plural(k),
-                        d.pods.len(),
-                        self.rec.id
-                    )
-                } else {
-                    format!(
-                        "gpu-defrag is making room on {node}: {k} eviction{} (run {})",
-                        plural(k),
-                        self.rec.id
-                    )
-                };
+                let note = format!(
+                    "gpu-defrag is making room on {node}: {k} eviction{}{} (run {})",
+                    if k == 1 { "" } else { "s" },
+                    gang.as_deref().unwrap_or(""),
+                    self.rec.id
+                );
                 self.event_on_pod(key, EventType::Normal, EventReason::MakingRoom, note)
                     .await;
             }

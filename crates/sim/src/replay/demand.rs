@@ -13,8 +13,8 @@
 //!   its room at once, before the queue is served (the hold: no other pod takes the room
 //!   first); then the queue, the evicted pods among it, is served by the bin-packing
 //!   placer.
-//! - `gpu-defrag-demand-only`: the same demand runs with no nightly run (a policy with
-//!   `demand.outsideWindows: true` whose window never comes, or comes in `DryRun`).
+//! - `gpu-defrag-demand-only`: the same demand runs with no nightly run (a policy in
+//!   `Enforce` with no window and `demand.outsideWindows: true`).
 //! - `kai-consolidation`: no windows; at every poll, the pending GPU pods that fit no
 //!   node (no minimum wait: KAI consolidates in every scheduling cycle), oldest first, up
 //!   to [`KAI_PER_POLL`] of them, each through the same planner with a loosened policy:
