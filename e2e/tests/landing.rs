@@ -458,3 +458,102 @@ async fn without_the_admission_path_pods_schedule_normally() {
         .await
         .unwrap();
 }
+
+/// An HA inference Deployment (two replicas, required anti-affinity across nodes) moves
+/// under landing control, and only to a node where its anti-affinity holds. Three 8-GPU
+/// nodes: `n0` holds one replica, `n1` the other beside six GPUs of bare pods (one GPU
+/// free: the fullest node, MostAllocated's first choice, but the twin is there), `n2` five
+/// GPUs of bare pods (three free); an 8-GPU pod waits. The plan empties `n0` by moving its
+/// replica to `n2`; the real scheduler binds the replacement there and both replicas stay
+/// on different nodes.
+#[tokio::test]
+async fn an_ha_replica_moves_only_where_its_anti_affinity_holds() {
+    let _admission = ADMISSION.read().await;
+    let c = Case::new("land-ha", 3, 8).await;
+    let nodes = c.pool.nodes.clone();
+    let pods_api: Api<Pod> = Api::namespaced(c.client.clone(), c.name());
+    for (i, gpus) in [(1, 6), (2, 5)] {
+        let p = bare_pod(&c, &format!("fill-{i}"), &nodes[i], gpus, "100m");
+        pods_api.create(&PostParams::default(), &p).await.unwrap();
+    }
+    set_unschedulable(&c.client, &nodes[2], true).await;
+    let mut d = c.pool.deployment("infer", 2, 1).unwrap();
+    let spec = d.spec.template.spec.as_mut().unwrap();
+    spec.affinity = Some(
+        serde_json::from_value(json!({"podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [{
+                "labelSelector": {"matchLabels": {"app": "infer"}},
+                "topologyKey": "kubernetes.io/hostname"}]}}))
+        .unwrap(),
+    );
+    c.deployments()
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap();
+    let placed = wait_ready_pods(&c.client, c.name(), "app=infer", 2, T)
+        .await
+        .unwrap();
+    wait_ready_pods(&c.client, c.name(), "app in (fill-1,fill-2)", 2, T)
+        .await
+        .unwrap();
+    set_unschedulable(&c.client, &nodes[2], false).await;
+    let mut on: Vec<String> = placed
+        .iter()
+        .filter_map(|p| pod_node(p).map(str::to_string))
+        .collect();
+    on.sort();
+    assert_eq!(
+        on,
+        vec![nodes[0].clone(), nodes[1].clone()],
+        "one replica each on n0, n1"
+    );
+    allow_one_disruption(&c.client, c.name(), &["infer".to_string()])
+        .await
+        .unwrap();
+    c.pending_training_job().await;
+
+    let spec = c.spec(
+        json!([{"gpus": 8}]),
+        json!({"maxEvictionsPerRun": 4, "maxEvictionsPerNode": 4,
+               "maxEvictionsPerNamespace": 10, "maxInFlight": 1}),
+    );
+    c.create_policy(spec).await;
+    let _op = Operator::start(c.cluster, c.name(), &[]).await.unwrap();
+    let st = wait_status(&c.client, c.name(), "a plan of one move", T, |s| {
+        int_at(s, "/plan/totalMoves") == Some(1)
+    })
+    .await
+    .unwrap();
+    let planned = str_at(&st["plan"]["moves"][0], "/toNode")
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(
+        planned, nodes[2],
+        "the replica's only target where its anti-affinity holds: {:#}",
+        st["plan"]
+    );
+    c.enforce_now().await;
+    let st = c.finished_run().await;
+    let run = st.pointer("/lastRuns/0").unwrap().clone();
+    assert_eq!(str_at(&run, "/result"), Some("Succeeded"), "{run:#}");
+    assert_eq!(int_at(&run, "/landedAsPlanned"), Some(1), "{run:#}");
+    let mut landed: Vec<String> = wait_ready_pods(&c.client, c.name(), "app=infer", 2, T)
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|p| pod_node(p).map(str::to_string))
+        .collect();
+    landed.sort();
+    assert_eq!(
+        landed,
+        vec![nodes[1].clone(), nodes[2].clone()],
+        "the replicas keep apart"
+    );
+    let train = c.training_job_running(T).await;
+    assert_eq!(train, nodes[0], "the 8-GPU pod runs on the emptied node");
+    eprintln!(
+        "E2E-FIGURE landing (HA anti-affinity): replica moved {} -> {planned}, replicas on {landed:?}",
+        nodes[0]
+    );
+    c.cleanup(&[c.name()]).await;
+}

@@ -13,7 +13,10 @@ use k8s_openapi::api::core::v1 as corev1;
 
 pub use crate::adapters::Requests;
 use crate::dra::PodClaims;
-use crate::model::{NodeSelectorRequirement, Owner, Phase, Toleration};
+use crate::model::{
+    Constraints, HostPort, LabelSelector, NodeSelectorRequirement, Owner, Phase, PodAffinityTerm,
+    SpreadConstraint, TermNamespaces, Toleration,
+};
 use crate::workload;
 
 /// The annotation `kubectl apply` keeps the whole last applied object in: never read.
@@ -48,6 +51,9 @@ pub struct CompactPod {
     pub priority: Option<i32>,
     /// `spec.priorityClassName`.
     pub priority_class_name: Option<String>,
+    /// `spec.schedulingGroup.podGroupName`: the Kubernetes PodGroup (`scheduling.k8s.io`)
+    /// the pod belongs to.
+    pub scheduling_group: Option<String>,
     /// The containers' resource requests (and limits), read.
     pub requests: Requests,
     /// A volume holds data on the node: a `hostPath` or a disk-backed `emptyDir` (a
@@ -58,9 +64,9 @@ pub struct CompactPod {
     pub pvc: bool,
     /// A generic `ephemeral` volume.
     pub ephemeral_volume: bool,
-    /// Required inter-pod affinity or anti-affinity, or a `DoNotSchedule` topology spread
-    /// constraint: a scheduler filter the planner does not model.
-    pub inter_pod_constraints: bool,
+    /// What the scheduler's filters read beyond GPUs, CPU, memory and node rules (other
+    /// resources, host ports, required inter-pod (anti-)affinity, `DoNotSchedule` spread).
+    pub constraints: Option<Box<Constraints>>,
     /// Carries the scheduling gate of landing control ([`LANDING_GATE`]).
     pub landing_gated: bool,
     /// `spec.resourceClaims` and their status (Dynamic Resource Allocation).
@@ -131,6 +137,9 @@ impl CompactPod {
             scheduler_name: spec.and_then(|s| s.scheduler_name.clone()),
             priority: spec.and_then(|s| s.priority),
             priority_class_name: spec.and_then(|s| s.priority_class_name.clone()),
+            scheduling_group: spec
+                .and_then(|s| s.scheduling_group.as_ref())
+                .and_then(|g| g.pod_group_name.clone()),
             requests: spec.map(Requests::of).unwrap_or_default(),
             local_storage: volumes().any(|v| {
                 v.host_path.is_some()
@@ -142,7 +151,7 @@ impl CompactPod {
             }),
             pvc: volumes().any(|v| v.persistent_volume_claim.is_some()),
             ephemeral_volume: volumes().any(|v| v.ephemeral.is_some()),
-            inter_pod_constraints: spec.is_some_and(inter_pod_constraints),
+            constraints: spec.and_then(|s| constraints_of(meta, s)),
             landing_gated: spec
                 .and_then(|s| s.scheduling_gates.as_ref())
                 .is_some_and(|g| g.iter().any(|g| g.name == LANDING_GATE)),
@@ -220,29 +229,243 @@ impl CompactPod {
 /// The scheduling gate landing control holds a replacement with until it is nominated.
 pub const LANDING_GATE: &str = "gpu-defrag.io/landing";
 
-/// Whether a pod has required inter-pod affinity or anti-affinity or a `DoNotSchedule`
-/// topology spread constraint (whenUnsatisfiable defaults to `DoNotSchedule`).
-fn inter_pod_constraints(spec: &corev1::PodSpec) -> bool {
+/// A pod's constraints beyond GPUs, CPU, memory and node rules, as kube-scheduler's
+/// NodeResourcesFit (other resources), NodePorts, InterPodAffinity and PodTopologySpread
+/// read them; None when it has none.
+fn constraints_of(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    spec: &corev1::PodSpec,
+) -> Option<Box<Constraints>> {
+    let ns = meta.namespace.as_deref().unwrap_or_default();
+    let empty = BTreeMap::new();
+    let labels = meta.labels.as_ref().unwrap_or(&empty);
+    let mut c = Constraints {
+        resources: other_requests(spec),
+        ..Constraints::default()
+    };
+    for ctr in spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+    {
+        for port in ctr.ports.iter().flatten() {
+            if let Some(hp) = port.host_port.filter(|p| *p > 0) {
+                c.host_ports.push(HostPort {
+                    protocol: port.protocol.clone().unwrap_or_else(|| "TCP".into()),
+                    ip: port
+                        .host_ip
+                        .clone()
+                        .filter(|i| !i.is_empty())
+                        .unwrap_or_else(|| "0.0.0.0".into()),
+                    port: hp,
+                });
+            }
+        }
+    }
     let a = spec.affinity.as_ref();
-    let required = a
-        .and_then(|a| a.pod_affinity.as_ref())
-        .and_then(|x| {
+    let mut unreadable: Vec<String> = Vec::new();
+    let mut terms = |list: Option<&Vec<corev1::PodAffinityTerm>>, what: &str| {
+        let mut out = Vec::new();
+        for t in list.into_iter().flatten() {
+            let t = affinity_term(t, ns, labels);
+            if t.namespaces == TermNamespaces::Unread {
+                unreadable.push(format!(
+                    "{what}: a namespaceSelector (namespace labels are not read)"
+                ));
+            }
+            out.push(t);
+        }
+        out
+    };
+    c.affinity = terms(
+        a.and_then(|a| a.pod_affinity.as_ref()).and_then(|x| {
             x.required_during_scheduling_ignored_during_execution
                 .as_ref()
-        })
-        .is_some_and(|t| !t.is_empty())
-        || a.and_then(|a| a.pod_anti_affinity.as_ref())
-            .and_then(|x| {
-                x.required_during_scheduling_ignored_during_execution
-                    .as_ref()
-            })
-            .is_some_and(|t| !t.is_empty());
-    let spread = spec
-        .topology_spread_constraints
-        .iter()
-        .flatten()
-        .any(|c| c.when_unsatisfiable != "ScheduleAnyway");
-    required || spread
+        }),
+        "pod affinity",
+    );
+    c.anti_affinity = terms(
+        a.and_then(|a| a.pod_anti_affinity.as_ref()).and_then(|x| {
+            x.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        }),
+        "pod anti-affinity",
+    );
+    for t in spec.topology_spread_constraints.iter().flatten() {
+        if t.when_unsatisfiable == "ScheduleAnyway" {
+            continue;
+        }
+        if t.when_unsatisfiable != "DoNotSchedule" {
+            unreadable.push(format!(
+                "topology spread whenUnsatisfiable {:?}",
+                t.when_unsatisfiable
+            ));
+            continue;
+        }
+        let (Ok(max_skew), Ok(min_domains)) = (
+            u32::try_from(t.max_skew),
+            t.min_domains.map(u32::try_from).transpose(),
+        ) else {
+            unreadable.push("topology spread: a negative maxSkew or minDomains".into());
+            continue;
+        };
+        let honor_node_affinity = match t.node_affinity_policy.as_deref() {
+            None | Some("Honor") => true,
+            Some("Ignore") => false,
+            Some(x) => {
+                unreadable.push(format!("topology spread nodeAffinityPolicy {x:?}"));
+                continue;
+            }
+        };
+        let honor_taints = match t.node_taints_policy.as_deref() {
+            None | Some("Ignore") => false,
+            Some("Honor") => true,
+            Some(x) => {
+                unreadable.push(format!("topology spread nodeTaintsPolicy {x:?}"));
+                continue;
+            }
+        };
+        let selector = t.label_selector.as_ref().map(|s| {
+            let mut sel = crate::ingest::label_selector(s);
+            for k in t.match_label_keys.iter().flatten() {
+                if let Some(v) = labels.get(k) {
+                    sel.match_expressions
+                        .push((k.clone(), "In".into(), vec![v.clone()]));
+                }
+            }
+            sel
+        });
+        c.spread.push(SpreadConstraint {
+            max_skew,
+            topology_key: t.topology_key.clone(),
+            selector,
+            min_domains,
+            honor_node_affinity,
+            honor_taints,
+        });
+    }
+    if !unreadable.is_empty() {
+        c.unreadable = Some(unreadable.join("; "));
+    }
+    (c != Constraints::default()).then(|| Box::new(c))
+}
+
+/// One required pod (anti-)affinity term of a pod of namespace `ns` with `labels`:
+/// `matchLabelKeys` and `mismatchLabelKeys` merged into its selector, its namespaces
+/// resolved (a `namespaceSelector` other than the empty one needs the namespaces' labels,
+/// which the model does not read: [`TermNamespaces::Unread`]).
+fn affinity_term(
+    t: &corev1::PodAffinityTerm,
+    ns: &str,
+    labels: &BTreeMap<String, String>,
+) -> PodAffinityTerm {
+    let selector = t.label_selector.as_ref().map(|s| {
+        let mut sel: LabelSelector = crate::ingest::label_selector(s);
+        for (keys, op) in [
+            (&t.match_label_keys, "In"),
+            (&t.mismatch_label_keys, "NotIn"),
+        ] {
+            for k in keys.iter().flatten() {
+                if let Some(v) = labels.get(k) {
+                    sel.match_expressions
+                        .push((k.clone(), op.into(), vec![v.clone()]));
+                }
+            }
+        }
+        sel
+    });
+    let listed: Vec<String> = t.namespaces.clone().unwrap_or_default();
+    let namespaces = match &t.namespace_selector {
+        Some(sel)
+            if sel.match_labels.as_ref().is_none_or(|m| m.is_empty())
+                && sel.match_expressions.as_ref().is_none_or(|e| e.is_empty()) =>
+        {
+            TermNamespaces::All
+        }
+        Some(_) => TermNamespaces::Unread,
+        None if listed.is_empty() => TermNamespaces::List(vec![ns.to_string()]),
+        None => TermNamespaces::List(listed),
+    };
+    PodAffinityTerm {
+        selector,
+        namespaces,
+        topology_key: t.topology_key.clone(),
+    }
+}
+
+/// The pod's effective requests of resources other than CPU, memory and the GPU resources
+/// the adapters read, in milli-units by name: the larger of the app containers' sum (with
+/// the sidecars, restartable init containers) and each init container's need at its
+/// turn, plus `spec.overhead` (kube-scheduler's rule). Unreadable quantities are left out
+/// here: the pod's allocation is unknown then (see `Requests`).
+fn other_requests(spec: &corev1::PodSpec) -> Vec<(String, u64)> {
+    type Res = BTreeMap<String, u128>;
+    fn of(c: &corev1::Container) -> Res {
+        let mut out = Res::new();
+        let Some(r) = &c.resources else {
+            return out;
+        };
+        for list in [&r.limits, &r.requests] {
+            for (k, v) in list.iter().flatten() {
+                if k == "cpu" || k == "memory" || crate::adapters::is_gpu_resource(k) {
+                    continue;
+                }
+                if let Ok(m) = crate::formats::quantity::parse_milli(
+                    crate::formats::keys::QUANTITY,
+                    &v.0,
+                    true,
+                ) {
+                    // A request replaces the limit of the same name.
+                    out.insert(k.clone(), m);
+                }
+            }
+        }
+        out
+    }
+    fn add(a: &mut Res, b: &Res) {
+        for (k, v) in b {
+            *a.entry(k.clone()).or_default() += v;
+        }
+    }
+    fn max(a: &mut Res, b: &Res) {
+        for (k, v) in b {
+            let e = a.entry(k.clone()).or_default();
+            *e = (*e).max(*v);
+        }
+    }
+    let mut apps = Res::new();
+    for c in &spec.containers {
+        add(&mut apps, &of(c));
+    }
+    let mut sidecars = Res::new();
+    let mut init_peak = Res::new();
+    for c in spec.init_containers.iter().flatten() {
+        let r = of(c);
+        if c.restart_policy.as_deref() == Some("Always") {
+            add(&mut sidecars, &r);
+            max(&mut init_peak, &sidecars);
+        } else {
+            let mut at = sidecars.clone();
+            add(&mut at, &r);
+            max(&mut init_peak, &at);
+        }
+    }
+    add(&mut apps, &sidecars);
+    max(&mut apps, &init_peak);
+    for (k, v) in spec.overhead.iter().flatten() {
+        if k == "cpu" || k == "memory" || crate::adapters::is_gpu_resource(k) {
+            continue;
+        }
+        if let Ok(m) =
+            crate::formats::quantity::parse_milli(crate::formats::keys::QUANTITY, &v.0, true)
+        {
+            *apps.entry(k.clone()).or_default() += m;
+        }
+    }
+    apps.into_iter()
+        .filter(|(_, v)| *v > 0)
+        .map(|(k, v)| (k, u64::try_from(v).unwrap_or(u64::MAX)))
+        .collect()
 }
 
 /// The terms of a pod's required node affinity.

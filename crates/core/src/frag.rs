@@ -210,7 +210,8 @@ pub struct Report {
     pub unknown_pods: u64,
     /// Unknown pods by reason code.
     pub unknown_by_reason: BTreeMap<String, u64>,
-    /// Pending GPU pods no counted node can take today.
+    /// Pending GPU pods (in the policy's namespaces) no node of the cluster can take
+    /// today, in the policy's node scope or not (by every filter of `sched::fit`).
     pub pending_unplaceable: u64,
     /// Counted nodes.
     pub nodes_counted: u64,
@@ -250,6 +251,16 @@ impl Capacity {
                 .iter()
                 .map(|n| n.pods_alloc.saturating_sub(n.pods_used))
                 .collect(),
+        }
+    }
+
+    /// What node `n` has free, for [`sched::fit`].
+    pub fn at(&self, n: usize) -> sched::Free<'_> {
+        sched::Free {
+            gpus: &self.free[n],
+            cpu: self.cpu_free[n],
+            mem: self.mem_free[n],
+            pods: self.pods_free[n],
         }
     }
 }
@@ -395,44 +406,66 @@ pub fn pending_unplaceable(cluster: &Cluster, cap: &Capacity, scope: &Scope) -> 
     unplaceable_pending(cluster, cap, scope).len()
 }
 
-/// Indices of the pending GPU pods that fit no counted node.
+/// Indices of the pending GPU pods (in the scope's namespaces) that fit no node of the
+/// cluster, in scope or not: a pod that fits somewhere needs no room made for it.
 pub fn unplaceable_pending(cluster: &Cluster, cap: &Capacity, scope: &Scope) -> Vec<usize> {
-    // Pending pods mostly come in a few kinds: decide once per placement signature
-    // (shape, cpu, memory, selectors, affinity, tolerations, models), not once per pod.
-    let mut memo: HashMap<String, bool> = HashMap::new();
-    let mut out = Vec::new();
-    for (pi, p) in cluster.pods.iter().enumerate() {
+    let pending: Vec<usize> = cluster
+        .pods
+        .iter()
+        .enumerate()
         // Only pending pods the policy's namespaces cover are its demand: a pod in a
         // namespace the policy excludes must not steer what it evicts.
-        if !(p.is_pending()
-            && p.shape.is_some_and(|s| s.gpus > 0)
-            && scope.covers_namespace(&p.namespace))
-        {
-            continue;
-        }
-        let key = format!(
-            "{:?}|{}|{}|{:?}|{:?}|{:?}|{:?}",
-            p.shape, p.cpu, p.mem, p.node_selector, p.affinity, p.tolerations, p.models
-        );
-        let placeable = *memo.entry(key).or_insert_with(|| {
-            cluster.nodes.iter().enumerate().any(|(i, n)| {
-                counted(n, scope)
-                    && sched::fits(
-                        p,
-                        n,
-                        &cap.free[i],
-                        cap.cpu_free[i],
-                        cap.mem_free[i],
-                        cap.pods_free[i],
-                    )
-                    .is_some()
-            })
-        });
+        .filter(|(_, p)| {
+            p.is_pending()
+                && p.shape.is_some_and(|s| s.gpus > 0)
+                && scope.covers_namespace(&p.namespace)
+        })
+        .map(|(i, _)| i)
+        .collect();
+    if pending.is_empty() {
+        return pending;
+    }
+    let occ = sched::Occupancy::of(cluster);
+    // Pending pods mostly come in a few kinds: decide once per placement signature
+    // (shape, scheme, requests, selectors, affinity, tolerations, models) for the pods
+    // whose placement no other pod affects, not once per pod.
+    let mut memo: HashMap<String, bool> = HashMap::new();
+    let mut out = Vec::new();
+    for pi in pending {
+        let p = &cluster.pods[pi];
+        let anywhere = || {
+            let inc = sched::Incoming::new(cluster, &occ, pi);
+            (0..cluster.nodes.len()).any(|i| inc.fit(i, cap.at(i)).fits())
+        };
+        let placeable = if p.constraints().inter_pod() || !occ_free_of_holders(&occ) {
+            anywhere()
+        } else {
+            let key = format!(
+                "{:?}|{:?}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
+                p.shape,
+                p.scheme,
+                p.cpu,
+                p.mem,
+                p.node_selector,
+                p.affinity,
+                p.tolerations,
+                p.models,
+                p.constraints,
+                p.node_name
+            );
+            *memo.entry(key).or_insert_with(anywhere)
+        };
         if !placeable {
             out.push(pi);
         }
     }
     out
+}
+
+/// Whether no placed pod has required anti-affinity (then a pod's labels do not change
+/// where it fits).
+fn occ_free_of_holders(occ: &sched::Occupancy) -> bool {
+    !occ.has_anti_affinity()
 }
 
 /// A pod holding GPUs that stayed idle over the lookback window ([`Activity::is_idle`]).
@@ -571,6 +604,8 @@ pub(crate) mod tests {
             ready_since: None,
             starting: None,
             dra: Vec::new(),
+            extra_alloc: Vec::new(),
+            extra_used: Vec::new(),
         }
     }
 

@@ -80,7 +80,7 @@ pub struct Objects {
     pub controllers: Vec<ControllerObject>,
     /// Namespaces (metadata): their `gpu-defrag.io/do-not-disrupt` opt-out.
     pub namespaces: Vec<ObjectMeta>,
-    /// Volcano and KAI PodGroup objects (raw JSON).
+    /// Volcano, KAI and Kubernetes (`scheduling.k8s.io`) PodGroup objects (raw JSON).
     pub pod_groups: Vec<serde_json::Value>,
     /// DRA `ResourceSlice`s (`resource.k8s.io/v1`).
     pub resource_slices: Vec<ResourceSlice>,
@@ -170,6 +170,8 @@ fn build_node(
         ready_since,
         starting,
         dra: Vec::new(),
+        extra_alloc: extra_allocatable(node),
+        extra_used: Vec::new(),
     };
     let mut ctx = NodeCtx::default();
     let input = NodeInput {
@@ -194,6 +196,35 @@ fn build_node(
         n.inconsistent = Some(format!("node inventory unreadable: {e}"));
     }
     (n, ctx)
+}
+
+/// A node's allocatable of the resources other than CPU, memory, pods and the GPU
+/// resources the adapters read, milli-units by name (an unreadable one is left out: no pod
+/// requesting it fits there).
+fn extra_allocatable(node: &corev1::Node) -> Vec<(String, u64)> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| {
+            !matches!(k.as_str(), "cpu" | "memory" | "pods") && !crate::adapters::is_gpu_resource(k)
+        })
+        .filter_map(|(k, v)| {
+            let m = formats::quantity::parse_milli(formats::keys::QUANTITY, &v.0, true).ok()?;
+            Some((k.clone(), u64::try_from(m).unwrap_or(u64::MAX)))
+        })
+        .collect()
+}
+
+/// Adds `add` to the sorted list `to`, name by name.
+pub(crate) fn add_resources(to: &mut Vec<(String, u64)>, add: &[(String, u64)]) {
+    for (k, v) in add {
+        match to.binary_search_by(|(x, _)| x.as_str().cmp(k)) {
+            Ok(i) => to[i].1 = to[i].1.saturating_add(*v),
+            Err(i) => to.insert(i, (k.clone(), *v)),
+        }
+    }
 }
 
 fn models_of(pod: &CompactPod) -> Vec<String> {
@@ -300,6 +331,7 @@ fn base_pod<'p>(
         gang: None,
         started: p.started,
         unschedulable_since: p.unschedulable_since,
+        nominated: p.nominated_node.clone(),
         ready: p.ready,
         deleting: p.deleting,
         mirror: p.annotations.contains_key("kubernetes.io/config.mirror"),
@@ -307,7 +339,7 @@ fn base_pod<'p>(
         local_storage: p.local_storage,
         pvc: p.pvc,
         ephemeral_volume: p.ephemeral_volume,
-        inter_pod_constraints: p.inter_pod_constraints,
+        constraints: p.constraints.clone(),
         resource_claims: !p.claims.spec.is_empty(),
         claim_source: ClaimSource::None,
         node_selector: p.node_selector.clone(),
@@ -366,7 +398,7 @@ pub struct ObjectRefs<'a> {
     pub controllers: Vec<(ControllerKind, &'a ObjectMeta)>,
     /// Namespaces (metadata).
     pub namespaces: Vec<&'a ObjectMeta>,
-    /// Volcano and KAI PodGroup objects (raw JSON).
+    /// Volcano, KAI and Kubernetes (`scheduling.k8s.io`) PodGroup objects (raw JSON).
     pub pod_groups: &'a [serde_json::Value],
     /// DRA `ResourceSlice`s.
     pub resource_slices: Vec<&'a ResourceSlice>,
@@ -453,7 +485,12 @@ pub fn build_cluster_from(mut objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) 
         let mut pod = base_pod(p, &node_index, &mut label_sets);
         let (req, annotations) = (&p.requests, &p.annotations);
         pod.workload = index.workload(&pod.namespace, pod.owner.as_ref(), &pod.labels);
-        pod.gang = index.gang(&pod.namespace, &pod.labels, annotations);
+        pod.gang = index.gang(
+            &pod.namespace,
+            &pod.labels,
+            annotations,
+            p.scheduling_group.as_deref(),
+        );
         let node = pod.node.map(|i| (&nodes[i], &ctxs[i]));
         let active = pod.is_active_bound() && pod.node.is_some();
         let claims = if inv.present() { &p.claims } else { &no_claims };
@@ -512,11 +549,22 @@ pub fn build_cluster_from(mut objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) 
                 }
             }
         }
+        // DRA-backed extended resources are the claims' (the scheduler checks them
+        // against ResourceSlices, not against the node's allocatable).
+        if inv.present()
+            && let Some(c) = pod.constraints.as_mut()
+        {
+            c.resources
+                .retain(|(k, _)| !inv.extended().any(|(name, _)| name == k));
+        }
         if active && let Some(i) = pod.node {
             let n = &mut nodes[i];
             n.cpu_used = n.cpu_used.saturating_add(pod.cpu);
             n.mem_used = n.mem_used.saturating_add(pod.mem);
             n.pods_used += 1;
+            if let Some(c) = &pod.constraints {
+                add_resources(&mut n.extra_used, &c.resources);
+            }
         }
         pods.push(pod);
     }

@@ -65,40 +65,34 @@ pub fn pending_nominations(
             .then_with(|| pa.namespace.cmp(&pb.namespace))
             .then_with(|| pa.name.cmp(&pb.name))
     });
+    // Fences the run put on the nodes come off as the pods are nominated: judged without
+    // them.
+    let mut unfenced = c.clone();
+    for &n in &empty {
+        unfenced.nodes[n].taints.retain(|t| !ignore(t));
+    }
+    let c = &unfenced;
     let mut cap = Capacity::of(c);
-    let unfenced: Vec<_> = empty
-        .iter()
-        .map(|&n| {
-            let mut node = c.nodes[n].clone();
-            node.taints.retain(|t| !ignore(t));
-            (n, node)
-        })
-        .collect();
+    let mut occ = sched::Occupancy::of(c);
     let mut out = Vec::new();
     for pi in pods {
         let p = &c.pods[pi];
         let milli = p.shape.map(|s| s.milli).unwrap_or(0);
-        for (n, node) in &unfenced {
-            let n = *n;
-            let Some(devs) = sched::fits(
-                p,
-                node,
-                &cap.free[n],
-                cap.cpu_free[n],
-                cap.mem_free[n],
-                cap.pods_free[n],
-            ) else {
-                continue;
-            };
-            for d in devs {
-                cap.free[n][d] = cap.free[n][d].saturating_sub(milli);
-            }
-            cap.cpu_free[n] = cap.cpu_free[n].saturating_sub(p.cpu);
-            cap.mem_free[n] = cap.mem_free[n].saturating_sub(p.mem);
-            cap.pods_free[n] = cap.pods_free[n].saturating_sub(1);
-            out.push((pi, n));
-            break;
+        let inc = sched::Incoming::new(c, &occ, pi);
+        let Some((n, devs)) = empty
+            .iter()
+            .find_map(|&n| inc.fit(n, cap.at(n)).devices().map(|d| (n, d)))
+        else {
+            continue;
+        };
+        for d in devs {
+            cap.free[n][d] = cap.free[n][d].saturating_sub(milli);
         }
+        cap.cpu_free[n] = cap.cpu_free[n].saturating_sub(p.cpu);
+        cap.mem_free[n] = cap.mem_free[n].saturating_sub(p.mem);
+        cap.pods_free[n] = cap.pods_free[n].saturating_sub(1);
+        occ.place(c, pi, n);
+        out.push((pi, n));
     }
     out
 }

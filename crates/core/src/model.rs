@@ -198,6 +198,11 @@ pub struct Node {
     /// [`Scheme::Dra`] nodes: where each GPU of `gpus` is published (same order); empty
     /// for other schemes.
     pub dra: Vec<DraGpu>,
+    /// Allocatable of other resources (ephemeral-storage, hugepages-*, extended
+    /// resources), milli-units, by name (sorted); GPU resources are the adapters'.
+    pub extra_alloc: Vec<(String, u64)>,
+    /// What bound pods request of those, by name (sorted).
+    pub extra_used: Vec<(String, u64)>,
 }
 
 impl Node {
@@ -438,6 +443,107 @@ pub struct NodeSelectorRequirement {
     pub field: bool,
 }
 
+/// Which namespaces a pod (anti-)affinity term or spread constraint counts pods of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TermNamespaces {
+    /// These (the pod's own when the term names none).
+    List(Vec<String>),
+    /// Every namespace (an empty `namespaceSelector`).
+    All,
+    /// Chosen by a `namespaceSelector` over namespace labels, which the model does not
+    /// read: whether a pod's namespace is in is unknown.
+    Unread,
+}
+
+impl TermNamespaces {
+    /// Whether a pod of namespace `ns` is counted (None: cannot be told).
+    pub fn contains(&self, ns: &str) -> Option<bool> {
+        match self {
+            TermNamespaces::All => Some(true),
+            TermNamespaces::List(l) => Some(l.iter().any(|x| x == ns)),
+            TermNamespaces::Unread => None,
+        }
+    }
+}
+
+/// A required pod affinity or anti-affinity term.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodAffinityTerm {
+    /// The pods it is about (`matchLabelKeys` / `mismatchLabelKeys` already merged in);
+    /// None matches no pod (a null `labelSelector`).
+    pub selector: Option<LabelSelector>,
+    /// Their namespaces.
+    pub namespaces: TermNamespaces,
+    /// The node label that makes a topology domain.
+    pub topology_key: String,
+}
+
+/// A `whenUnsatisfiable: DoNotSchedule` topology spread constraint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpreadConstraint {
+    /// `maxSkew`.
+    pub max_skew: u32,
+    /// The node label that makes a topology domain.
+    pub topology_key: String,
+    /// The pods counted (`matchLabelKeys` merged in; None counts none).
+    pub selector: Option<LabelSelector>,
+    /// `minDomains`, when set.
+    pub min_domains: Option<u32>,
+    /// `nodeAffinityPolicy: Honor` (the default): only nodes the pod's node selector and
+    /// required node affinity allow make domains.
+    pub honor_node_affinity: bool,
+    /// `nodeTaintsPolicy: Honor` (default `Ignore`): only nodes whose taints the pod
+    /// tolerates make domains.
+    pub honor_taints: bool,
+}
+
+/// A host port a container binds (`hostPort` > 0).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HostPort {
+    /// `TCP`, `UDP` or `SCTP`.
+    pub protocol: String,
+    /// `hostIP` (`0.0.0.0` when unset).
+    pub ip: String,
+    /// The port.
+    pub port: i32,
+}
+
+impl HostPort {
+    /// Whether two host ports cannot share a node (kube-scheduler's NodePorts rule).
+    pub fn conflicts(&self, o: &HostPort) -> bool {
+        self.port == o.port
+            && self.protocol == o.protocol
+            && (self.ip == o.ip || self.ip == "0.0.0.0" || o.ip == "0.0.0.0")
+    }
+}
+
+/// A pod's scheduling constraints beyond GPUs, CPU, memory and node rules.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Constraints {
+    /// Requests of other resources (ephemeral-storage, hugepages-*, extended resources
+    /// such as an RDMA NIC), in milli-units, by name; the GPU resources of the sharing
+    /// schemes are the adapters' and are not here.
+    pub resources: Vec<(String, u64)>,
+    /// Host ports its containers bind.
+    pub host_ports: Vec<HostPort>,
+    /// Required pod affinity terms (all must hold).
+    pub affinity: Vec<PodAffinityTerm>,
+    /// Required pod anti-affinity terms (none may be violated).
+    pub anti_affinity: Vec<PodAffinityTerm>,
+    /// `DoNotSchedule` topology spread constraints.
+    pub spread: Vec<SpreadConstraint>,
+    /// What of its constraints cannot be evaluated from the model (a term's
+    /// `namespaceSelector`, say): no target is ever proven for it.
+    pub unreadable: Option<String>,
+}
+
+impl Constraints {
+    /// Whether it has required inter-pod affinity or anti-affinity or a spread constraint.
+    pub fn inter_pod(&self) -> bool {
+        !self.affinity.is_empty() || !self.anti_affinity.is_empty() || !self.spread.is_empty()
+    }
+}
+
 /// One pod, normalised. The default is an unbound pod of unknown phase with no GPU, no
 /// owner, not Ready and no volumes (fixtures fill in what they need).
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -484,6 +590,9 @@ pub struct Pod {
     /// Since when the scheduler has found no node for it (pending pods whose
     /// `PodScheduled` condition is `False`, reason `Unschedulable`).
     pub unschedulable_since: Option<DateTime<Utc>>,
+    /// `status.nominatedNodeName`: the scheduler is preempting for it there (or landing
+    /// control nominated it).
+    pub nominated: Option<String>,
     /// The Ready condition is True.
     pub ready: bool,
     /// Has a deletion timestamp.
@@ -500,9 +609,10 @@ pub struct Pod {
     pub pvc: bool,
     /// Has a generic ephemeral volume (a PVC made for the pod).
     pub ephemeral_volume: bool,
-    /// Required inter-pod affinity or anti-affinity, or a `DoNotSchedule` topology spread
-    /// constraint (not modelled by the planner).
-    pub inter_pod_constraints: bool,
+    /// What the scheduler's filters read beyond GPUs, CPU, memory and node rules: other
+    /// resources, host ports, required inter-pod (anti-)affinity, `DoNotSchedule` spread
+    /// (None: nothing of these).
+    pub constraints: Option<Box<Constraints>>,
     /// Has `spec.resourceClaims` (Dynamic Resource Allocation).
     pub resource_claims: bool,
     /// Where its DRA devices come from, for the move rules ([`ClaimSource::None`] when
@@ -519,6 +629,18 @@ pub struct Pod {
 }
 
 impl Pod {
+    /// Its constraints beyond GPUs, CPU, memory and node rules (empty when none).
+    pub fn constraints(&self) -> &Constraints {
+        static NONE: Constraints = Constraints {
+            resources: Vec::new(),
+            host_ports: Vec::new(),
+            affinity: Vec::new(),
+            anti_affinity: Vec::new(),
+            spread: Vec::new(),
+            unreadable: None,
+        };
+        self.constraints.as_deref().unwrap_or(&NONE)
+    }
     /// `namespace/name`.
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)

@@ -98,9 +98,9 @@ pub enum Skip {
     WorkloadUnavailable,
     /// The only Ready replica of its workload, and no PDB allows its disruption.
     LastReadyReplica,
-    /// With landing control on, its replacement would be nominated onto a node the plan
-    /// cannot fully check: it has required inter-pod affinity or anti-affinity or a
-    /// `DoNotSchedule` topology spread constraint, which the planner does not model.
+    /// Where its replacement may run cannot be proven: a scheduling constraint of it the
+    /// scheduler emulation cannot evaluate from the model (a pod (anti-)affinity term with
+    /// a `namespaceSelector` over namespace labels, an unknown spread policy).
     NoTarget,
 }
 
@@ -562,7 +562,7 @@ fn movable_but_pdbs(
     if pod.ephemeral_volume && !policy.evict_ephemeral_volume_pods {
         return Err(Skip::EphemeralVolume);
     }
-    if pod.inter_pod_constraints && policy.landing_control {
+    if pod.constraints().unreadable.is_some() {
         return Err(Skip::NoTarget);
     }
     match &pod.claim_source {
@@ -807,6 +807,8 @@ struct State<'a> {
     pod_pdb: Vec<Option<usize>>,
     total: u32,
     pending: Vec<usize>,
+    /// Who is where as the plan moves pods (for the filters that read other pods).
+    occ: sched::Occupancy,
 }
 
 /// Rank bonus of a unit that empties a whole node, as a fraction of the capacity of an
@@ -951,6 +953,7 @@ impl<'a> State<'a> {
         self.cap.cpu_free[n] += p.cpu;
         self.cap.mem_free[n] += p.mem;
         self.cap.pods_free[n] += 1;
+        self.occ.leave(self.c, pod);
         if reindex {
             self.set_free(n);
         }
@@ -967,6 +970,7 @@ impl<'a> State<'a> {
         self.cap.cpu_free[n] = self.cap.cpu_free[n].saturating_sub(p.cpu);
         self.cap.mem_free[n] = self.cap.mem_free[n].saturating_sub(p.mem);
         self.cap.pods_free[n] = self.cap.pods_free[n].saturating_sub(1);
+        self.occ.place(self.c, pod, n);
         if reindex {
             self.set_free(n);
         }
@@ -983,6 +987,7 @@ impl<'a> State<'a> {
         self.cap.cpu_free[n] += p.cpu;
         self.cap.mem_free[n] += p.mem;
         self.cap.pods_free[n] += 1;
+        self.occ.leave(self.c, pod);
         if reindex {
             self.set_free(n);
         }
@@ -1005,6 +1010,7 @@ impl<'a> State<'a> {
         } else {
             1
         };
+        let inc = sched::Incoming::new(self.c, &self.occ, pod);
         // (fragment change, score, node, devices)
         let mut best: Option<(f64, u64, usize, Vec<usize>)> = None;
         for (class, idx) in self.index.iter().enumerate() {
@@ -1017,7 +1023,7 @@ impl<'a> State<'a> {
                 if found >= choices {
                     break;
                 }
-                let Some(devs) = self.fits_on(p, shape, n, src, unit) else {
+                let Some(devs) = self.fits_on(&inc, shape, n, src, unit) else {
                     continue;
                 };
                 found += 1;
@@ -1067,10 +1073,11 @@ impl<'a> State<'a> {
         after - before
     }
 
-    /// Devices for `p` on node `n` in the current state, if it may go there.
+    /// Devices for the pod of `inc` on node `n` in the current state, if it may go there
+    /// (by every filter of the scheduler emulation).
     fn fits_on(
         &self,
-        p: &Pod,
+        inc: &sched::Incoming,
         shape: GpuShape,
         n: usize,
         src: usize,
@@ -1083,15 +1090,6 @@ impl<'a> State<'a> {
         if self.max_free[n] < shape.milli
             || (shape.milli >= GPU_MILLI && self.whole_free[n] < shape.gpus)
         {
-            return None;
-        }
-        let node = &self.c.nodes[n];
-        // Shares land on a device as full as the scheme's best fit picks; the
-        // node-granularity scheduler needs whole GPUs.
-        if node.granularity == Granularity::Node && shape.milli < GPU_MILLI {
-            return None;
-        }
-        if node.scheme != p.scheme.unwrap_or(node.scheme) {
             return None;
         }
         // Mask GPUs that may not receive pods (copy only when there are any).
@@ -1112,14 +1110,14 @@ impl<'a> State<'a> {
         } else {
             std::borrow::Cow::Borrowed(&self.cap.free[n])
         };
-        sched::fits(
-            p,
-            node,
-            &free,
-            self.cap.cpu_free[n],
-            self.cap.mem_free[n],
-            self.cap.pods_free[n],
+        inc.fit(
+            n,
+            sched::Free {
+                gpus: &free,
+                ..self.cap.at(n)
+            },
         )
+        .devices()
     }
 
     /// Evaluates a unit on the current state: its placements and fragment gain.
@@ -1263,6 +1261,7 @@ impl<'a> State<'a> {
         self.cap.cpu_free[n] = self.cap.cpu_free[n].saturating_sub(p.cpu);
         self.cap.mem_free[n] = self.cap.mem_free[n].saturating_sub(p.mem);
         self.cap.pods_free[n] = self.cap.pods_free[n].saturating_sub(1);
+        self.occ.place(self.c, pod, n);
         if reindex {
             self.set_free(n);
         }
@@ -1273,18 +1272,9 @@ impl<'a> State<'a> {
         if self.pending.is_empty() || !self.counted[n] {
             return false;
         }
-        let node = &self.c.nodes[n];
         self.pending.iter().any(|&pi| {
             self.c.pods[pi].priority >= min_priority
-                && sched::fits(
-                    &self.c.pods[pi],
-                    node,
-                    &self.cap.free[n],
-                    self.cap.cpu_free[n],
-                    self.cap.mem_free[n],
-                    self.cap.pods_free[n],
-                )
-                .is_some()
+                && sched::fit(self.c, &self.occ, pi, n, self.cap.at(n)).fits()
         })
     }
 
@@ -1599,6 +1589,7 @@ fn prepare<'a>(
         pod_pdb,
         total: history.evicted.len() as u32,
         pending: Vec::new(),
+        occ: sched::Occupancy::of(cluster),
     };
     for (n, &is_counted) in counted.iter().enumerate() {
         st.set_free(n);
@@ -1696,19 +1687,10 @@ pub fn plan_with_activity(
         let after_batch = st.totals();
         let mut newly_served = Vec::new();
         if policy.from_pending {
-            let node = &cluster.nodes[u.node];
             let prio = unit_priority(cluster, u);
             if let Some(pos) = st.pending.iter().position(|&pi| {
                 cluster.pods[pi].priority >= prio
-                    && sched::fits(
-                        &cluster.pods[pi],
-                        node,
-                        &st.cap.free[u.node],
-                        st.cap.cpu_free[u.node],
-                        st.cap.mem_free[u.node],
-                        st.cap.pods_free[u.node],
-                    )
-                    .is_some()
+                    && sched::fit(cluster, &st.occ, pi, u.node, st.cap.at(u.node)).fits()
             }) {
                 newly_served.push(st.pending.remove(pos));
             }

@@ -86,17 +86,21 @@ pub fn recheck(
     // Its planned target first; the scheduler breaks ties between equally full nodes at
     // random, so a replacement that landed elsewhere than planned may have taken that room
     // while another node still has it.
+    let pi = cluster
+        .pods
+        .iter()
+        .position(|p| std::ptr::eq(p, pod))
+        .ok_or(Refusal::Gone)?;
+    // Judged with the pod gone from its node, as its replacement would be placed.
+    let mut occ = sched::Occupancy::of(cluster);
+    occ.leave(cluster, pi);
+    let inc = sched::Incoming::new(cluster, &occ, pi);
     let fits = |n: &crate::model::Node| {
-        let pods_free = n.pods_alloc.saturating_sub(n.pods_used);
-        sched::fits(
-            pod,
-            n,
-            &frag::free_of(n),
-            n.cpu_free(),
-            n.mem_free(),
-            pods_free,
-        )
-        .is_some()
+        let Some(i) = cluster.node_index(&n.name) else {
+            return false;
+        };
+        let gpus = frag::free_of(n);
+        inc.fit(i, sched::Free::of_node(n, &gpus)).fits()
     };
     let target = cluster.node_index(planned.to).map(|i| &cluster.nodes[i]);
     // Its own node counts only when the plan moves it there (a GPU drain).

@@ -46,6 +46,8 @@ fn node(name: &str, gpus: usize, granularity: Granularity) -> Node {
         ready_since: None,
         starting: None,
         dra: Vec::new(),
+        extra_alloc: Vec::new(),
+        extra_used: Vec::new(),
     }
 }
 
@@ -949,7 +951,7 @@ mod demand {
     use super::*;
     use chrono::{Duration, TimeZone, Utc};
     use gpu_defrag_core::plan::demand::{
-        DemandLimits, DemandOutcome, DemandPlan, plan_demand, waiting,
+        DemandLimits, DemandOutcome, DemandPlan, NotServed, plan_demand, served, waiting,
     };
 
     fn pending(ns: &str, name: &str, gpus: u32, priority: i32) -> Pod {
@@ -1020,15 +1022,7 @@ mod demand {
             let n = after.node_index(&r.node_name).unwrap();
             let p = &c.pods[r.pod];
             assert!(
-                gpu_defrag_core::sched::fits(
-                    p,
-                    &after.nodes[n],
-                    &cap.free[n],
-                    cap.cpu_free[n],
-                    cap.mem_free[n],
-                    cap.pods_free[n]
-                )
-                .is_some(),
+                gpu_defrag_core::sched::fits(p, &after.nodes[n], cap.at(n)).is_some(),
                 "{} does not fit on {} after the moves",
                 r.pod_key,
                 r.node_name
@@ -1383,5 +1377,151 @@ mod demand {
             3,
             "with a 1-minute wait the fresh pod waits too"
         );
+    }
+
+    /// The operator's served-pod checks, one by one, as `plan --for` reports them: a pod
+    /// the scheduler has nominated, one that fits a node outside the policy's node scope,
+    /// one that waited less than minWait, one of another scheduler, one never marked
+    /// Unschedulable get no room; the one left is served.
+    #[test]
+    fn served_pods_are_those_the_operator_would_serve() {
+        let t0 = Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap();
+        let now = t0 + Duration::hours(1);
+        let min_wait = Duration::minutes(10);
+        let mut c = three_nodes(0);
+        let mut nominated = pending("ml", "nominated", 8, 0);
+        nominated.nominated = Some("n0".into());
+        let mut fresh = pending("ml", "fresh", 8, 0);
+        fresh.unschedulable_since = Some(now - Duration::minutes(1));
+        let mut other = pending("ml", "other", 8, 0);
+        other.scheduler = "default-scheduler".into();
+        let mut untried = pending("ml", "untried", 8, 0);
+        untried.unschedulable_since = None;
+        for p in [nominated, fresh, other, untried, pending("ml", "old", 8, 0)] {
+            c.pods.push(p);
+        }
+        let c = finish(c);
+        let pol = exact_policy(16);
+        let why = |key: &str| served(&c, &pol, now, min_wait, served_index(&c, key));
+        assert!(matches!(why("ml/nominated"), Err(NotServed::Nominated(n)) if n == "n0"));
+        assert!(matches!(why("ml/fresh"), Err(NotServed::TooSoon(..))));
+        assert_eq!(
+            why("ml/fresh").unwrap_err().to_string(),
+            "unschedulable for 60s, under demand.minWait 10m"
+        );
+        assert!(matches!(why("ml/other"), Err(NotServed::Scheduler(_))));
+        assert_eq!(why("ml/untried"), Err(NotServed::NotUnschedulable));
+        assert_eq!(why("ml/old"), Ok(vec![served_index(&c, "ml/old")]));
+        assert_eq!(why("a/p00"), Err(NotServed::NotPending));
+
+        // An empty node outside the policy's node scope: the pod fits there as the
+        // cluster is, so no room is made for it (and it is not counted as waiting).
+        let mut c2 = c.clone();
+        let mut spare = node("spare", 8, Granularity::Node);
+        spare.labels.insert("pool".into(), "other".into());
+        c2.nodes.push(spare);
+        let c2 = finish(c2);
+        let scoped = Policy {
+            scope: gpu_defrag_core::policy::Scope {
+                node_selector: Some(LabelSelector {
+                    match_expressions: vec![("pool".into(), "DoesNotExist".into(), vec![])],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..exact_policy(16)
+        };
+        let old = c2.pods.iter().position(|p| p.key() == "ml/old").unwrap();
+        assert_eq!(
+            served(&c2, &scoped, now, min_wait, old),
+            Err(NotServed::FitsAsItIs)
+        );
+        assert!(waiting(&c2, &scoped, now, min_wait).is_empty());
+    }
+
+    /// The served pod's own constraints choose its room: an extended resource only one
+    /// node has, and an anti-affinity against a pod that stays on the cheapest node.
+    #[test]
+    fn the_room_satisfies_the_served_pods_own_constraints() {
+        let nic = "vpc.amazonaws.com/efa";
+        let pol = exact_policy(16);
+        // The NIC only on n1: the room is made there though n0 is cheaper.
+        let mut c = three_nodes(0);
+        c.nodes[1].extra_alloc = vec![(nic.to_string(), 1000)];
+        let mut train = pending("ml", "train", 8, 0);
+        train.constraints = Some(Box::new(Constraints {
+            resources: vec![(nic.to_string(), 1000)],
+            ..Default::default()
+        }));
+        c.pods.push(train.clone());
+        let c = finish(c);
+        let d = run(&c, &pol, &["ml/train"], DemandLimits::default());
+        assert_eq!(d.outcome, DemandOutcome::Planned, "{}", d.why);
+        assert_eq!(d.rooms[0].node_name, "n1");
+        check(&c, &pol, &d, DemandLimits::default().max_evictions);
+
+        // A cache pod (no GPU: never evicted for room) on n0, and the served pod keeps
+        // away from it: the room goes to n1, the next cheapest.
+        let mut c = three_nodes(0);
+        let cache = pod("ml", "cache", "cache");
+        bind(&mut c, cache, 0, &[], 1000);
+        let mut train = pending("ml", "train", 8, 0);
+        train.constraints = Some(Box::new(Constraints {
+            anti_affinity: vec![PodAffinityTerm {
+                selector: Some(LabelSelector {
+                    match_labels: BTreeMap::from([("app".to_string(), "cache".to_string())]),
+                    match_expressions: vec![],
+                }),
+                namespaces: TermNamespaces::List(vec!["ml".into()]),
+                topology_key: "kubernetes.io/hostname".into(),
+            }],
+            ..Default::default()
+        }));
+        c.pods.push(train);
+        let c = finish(c);
+        let d = run(&c, &pol, &["ml/train"], DemandLimits::default());
+        assert_eq!(d.outcome, DemandOutcome::Planned, "{}", d.why);
+        assert_eq!(d.rooms[0].node_name, "n1");
+
+        // Without the NIC anywhere: no room at all, and nothing evicted.
+        let mut c = three_nodes(0);
+        c.pods.push({
+            let mut t = pending("ml", "train", 8, 0);
+            t.constraints = Some(Box::new(Constraints {
+                resources: vec![(nic.to_string(), 1000)],
+                ..Default::default()
+            }));
+            t
+        });
+        let c = finish(c);
+        let d = run(&c, &pol, &["ml/train"], DemandLimits::default());
+        assert_eq!(d.outcome, DemandOutcome::NoRoom);
+        assert!(d.plan.moves.is_empty());
+    }
+
+    /// Evicted pods are re-placed only where they fit by every filter: the pods of the
+    /// cheapest node need a NIC no other node has, so the room is made elsewhere.
+    #[test]
+    fn victims_are_replaced_only_where_their_resources_are() {
+        let nic = "example.com/rdma";
+        let pol = exact_policy(16);
+        let mut c = three_nodes(0);
+        c.nodes[0].extra_alloc = vec![(nic.to_string(), 2000)];
+        c.nodes[0].extra_used = vec![(nic.to_string(), 2000)];
+        for p in c.pods.iter_mut().filter(|p| p.node == Some(0)) {
+            p.constraints = Some(Box::new(Constraints {
+                resources: vec![(nic.to_string(), 1000)],
+                ..Default::default()
+            }));
+        }
+        c.pods.push(pending("ml", "train", 8, 0));
+        let c = finish(c);
+        let d = run(&c, &pol, &["ml/train"], DemandLimits::default());
+        assert_eq!(d.outcome, DemandOutcome::Planned, "{}", d.why);
+        assert_eq!(
+            d.rooms[0].node_name, "n1",
+            "n0's pods could go nowhere else"
+        );
+        assert_eq!(d.plan.moves.len(), 3);
     }
 }

@@ -424,26 +424,37 @@ fn demand_preview(
     before: &frag::Report,
     output: Output,
 ) -> anyhow::Result<()> {
-    use gpu_defrag_core::model::Gang;
-    use gpu_defrag_core::plan::demand::{DemandLimits, plan_demand};
+    use gpu_defrag_core::plan::demand::{DemandLimits, plan_demand, served};
     let Some(pi) = cluster.pods.iter().position(|p| p.key() == key) else {
         anyhow::bail!("pod {key} is not in the cluster (NS/POD)");
     };
-    let p = &cluster.pods[pi];
-    // A gang is served whole: every pending member of the same gang in its namespace.
-    let served: Vec<usize> = match &p.gang {
-        Some(Gang::Member(g)) => cluster
-            .pods
-            .iter()
-            .enumerate()
-            .filter(|(_, q)| {
-                q.namespace == p.namespace
-                    && q.is_pending()
-                    && matches!(&q.gang, Some(Gang::Member(h)) if h == g)
-            })
-            .map(|(i, _)| i)
-            .collect(),
-        _ => vec![pi],
+    // The operator's own decision first: a pod it would not serve gets no plan.
+    let now_or_clock = now.unwrap_or_else(chrono::Utc::now);
+    let verdict = match policy.demand {
+        None => Err("demand runs are off in this policy (spec.demand is not set)".to_string()),
+        Some(d) => {
+            let min_wait = chrono::Duration::from_std(d.min_wait).unwrap_or(chrono::Duration::MAX);
+            served(cluster, policy, now_or_clock, min_wait, pi)
+                .map_err(|why| format!("{} ({})", why, why.code()))
+        }
+    };
+    let served = match verdict {
+        Ok(group) => group,
+        Err(why) => {
+            match output {
+                Output::Json => {
+                    let v = serde_json::json!({
+                        "outcome": "NotServed",
+                        "why": why,
+                        "evictions": 0,
+                        "moves": [],
+                    });
+                    println!("{}", serde_json::to_string_pretty(&v)?);
+                }
+                Output::Table => println!("{key} would not be served: {why}"),
+            }
+            return Ok(());
+        }
     };
     let limits = DemandLimits {
         max_evictions: policy

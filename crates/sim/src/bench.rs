@@ -232,12 +232,14 @@ pub fn bind(c: &mut Cluster, pi: usize, n: usize, devs: &[usize]) {
 /// skipped.
 pub fn binpack_target(
     c: &Cluster,
+    occ: &sched::Occupancy,
     pi: usize,
     fenced_node: &[bool],
     fenced_gpu: &[Vec<bool>],
 ) -> Option<(usize, Vec<usize>)> {
     let p = &c.pods[pi];
     let add = demand(p);
+    let inc = sched::Incoming::new(c, occ, pi);
     let mut best: Option<(u64, usize, Vec<usize>)> = None;
     for (n, node) in c.nodes.iter().enumerate() {
         if fenced_node[n] || node.gpus.is_empty() || node.scheme != p.scheme.unwrap_or(node.scheme)
@@ -258,14 +260,7 @@ pub fn binpack_target(
         if best.as_ref().is_some_and(|(s, _, _)| score <= *s) {
             continue;
         }
-        if let Some(devs) = sched::fits(
-            p,
-            node,
-            &free,
-            node.cpu_free(),
-            node.mem_free(),
-            node.pods_alloc.saturating_sub(node.pods_used),
-        ) {
+        if let Some(devs) = inc.fit(n, sched::Free::of_node(node, &free)).devices() {
             best = Some((score, n, devs));
         }
     }
@@ -292,13 +287,15 @@ pub fn replace(c: &Cluster, ch: &Choice) -> (Cluster, usize, usize) {
     let mut order: Vec<(usize, Option<usize>)> = ch.evicted.iter().copied().zip(from).collect();
     order.sort_by_key(|&(pi, _)| (std::cmp::Reverse(demand(&c.pods[pi])), pi));
     let (mut pending, mut back) = (0, 0);
+    let mut occ = sched::Occupancy::of(&out);
     for (pi, src) in order {
-        match binpack_target(&out, pi, &fenced_node, &fenced_gpu) {
+        match binpack_target(&out, &occ, pi, &fenced_node, &fenced_gpu) {
             Some((n, devs)) => {
                 if src == Some(n) {
                     back += 1;
                 }
                 bind(&mut out, pi, n, &devs);
+                occ.place(&out, pi, n);
             }
             None => pending += 1,
         }
@@ -351,7 +348,7 @@ pub fn choose_gpu_defrag(c: &Cluster, policy: &Policy) -> Choice {
 /// pod bound to the target the plan chose for it (its `toNode` and `toDevices`), as the
 /// operator's nomination of each replacement makes it, instead of re-placed by the
 /// bin-packing emulation. The device choice is the planner's own, made by the same
-/// rule as the scheduler emulation's ([`sched::fits`]): for a share, the fullest GPU
+/// rule as the scheduler emulation's ([`sched::fit`]): for a share, the fullest GPU
 /// that still fits (best fit); for whole or multi-GPU pods, the first GPUs in device
 /// order with enough free milli. Every moved pod lands, so none is pending.
 ///

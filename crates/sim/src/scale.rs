@@ -84,6 +84,8 @@ pub fn build(p: &ScaleParams) -> Cluster {
                 ready_since: None,
                 starting: None,
                 dra: Vec::new(),
+                extra_alloc: Vec::new(),
+                extra_used: Vec::new(),
             }
         })
         .collect();

@@ -111,6 +111,8 @@ pub fn nodes_of(trace: &Trace) -> Vec<Node> {
             ready_since: None,
             starting: None,
             dra: Vec::new(),
+            extra_alloc: Vec::new(),
+            extra_used: Vec::new(),
         })
         .collect()
 }

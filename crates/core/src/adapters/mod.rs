@@ -279,10 +279,31 @@ impl Requests {
             });
             r.per_container.push(ContainerRequests(m));
         }
+        // kube-scheduler's rule: sidecars (restartable init containers) run beside the
+        // app containers and beside every init container after them; an init container
+        // runs alone otherwise; `spec.overhead` comes on top.
+        let (mut side_cpu, mut side_mem) = (0u64, 0u64);
+        let (mut init_cpu, mut init_mem) = (0u64, 0u64);
         for c in spec.init_containers.iter().flatten() {
             let (c_cpu, c_mem) = r.read(c, "init container");
-            cpu = cpu.max(c_cpu);
-            mem = mem.max(c_mem);
+            if c.restart_policy.as_deref() == Some("Always") {
+                side_cpu = side_cpu.saturating_add(c_cpu);
+                side_mem = side_mem.saturating_add(c_mem);
+                init_cpu = init_cpu.max(side_cpu);
+                init_mem = init_mem.max(side_mem);
+            } else {
+                init_cpu = init_cpu.max(side_cpu.saturating_add(c_cpu));
+                init_mem = init_mem.max(side_mem.saturating_add(c_mem));
+            }
+        }
+        cpu = cpu.saturating_add(side_cpu).max(init_cpu);
+        mem = mem.saturating_add(side_mem).max(init_mem);
+        for (k, v) in spec.overhead.iter().flatten() {
+            match k.as_str() {
+                "cpu" => cpu = cpu.saturating_add(formats::quantity_to_milli(&v.0).unwrap_or(0)),
+                "memory" => mem = mem.saturating_add(formats::quantity_to_bytes(&v.0).unwrap_or(0)),
+                _ => {}
+            }
         }
         r.cpu = cpu;
         r.mem = mem;
@@ -370,6 +391,21 @@ impl Requests {
             .flat_map(|a| a.share_resources())
             .any(|r| self.has(r))
     }
+}
+
+/// Whether resource `name` is a GPU resource the allocation adapters account for (whole
+/// GPUs, MIG pools, the sharing schemes' shares and counts): the scheduler emulation's
+/// resource filter leaves those to the GPU model and checks every other resource.
+pub fn is_gpu_resource(name: &str) -> bool {
+    name == NVIDIA_GPU
+        || name == nvidia_sharing::NVIDIA_GPU_SHARED
+        || name.starts_with(crate::formats::mig::MIG_RESOURCE_PREFIX)
+        || name == aliyun::ALIYUN_GPU_COUNT
+        || name == volcano_share::VOLCANO_GPU_NUMBER
+        || ADAPTERS
+            .iter()
+            .flat_map(|a| a.share_resources())
+            .any(|r| *r == name)
 }
 
 /// The count `q` of resource `name`; [`UnknownReason::BadQuantity`] when it is not a whole

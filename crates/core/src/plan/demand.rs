@@ -494,17 +494,7 @@ impl Search<'_> {
         let shape = p.shape?;
         let node = &c.nodes[n];
         let eligible = self.eligible(st, pi, n);
-        let fits = |st: &State| {
-            sched::fits(
-                p,
-                node,
-                &st.cap.free[n],
-                st.cap.cpu_free[n],
-                st.cap.mem_free[n],
-                st.cap.pods_free[n],
-            )
-            .is_some()
-        };
+        let fits = |st: &State| sched::fit(c, &st.occ, pi, n, st.cap.at(n)).fits();
         if fits(st) {
             return Some(Vec::new());
         }
@@ -649,7 +639,6 @@ impl Search<'_> {
     ) -> Result<Option<Verified>, Stop> {
         self.step(1 + victims.len() as u64)?;
         let c = st.c;
-        let p = &c.pods[pi];
         for &x in victims {
             st.take(x, false);
         }
@@ -660,14 +649,7 @@ impl Search<'_> {
             .filter(|&&a| a != n)
             .map(|&a| (a, std::mem::replace(&mut st.no_target[a], true)))
             .collect();
-        let devs = sched::fits(
-            p,
-            &c.nodes[n],
-            &st.cap.free[n],
-            st.cap.cpu_free[n],
-            st.cap.mem_free[n],
-            st.cap.pods_free[n],
-        );
+        let devs = sched::fit(c, &st.occ, pi, n, st.cap.at(n)).devices();
         let mut placed: Vec<Placement> = Vec::new();
         let mut ok = devs.is_some();
         if let Some(d) = &devs {
@@ -711,10 +693,162 @@ impl Search<'_> {
     }
 }
 
+/// Why the operator would not start a demand run for a pending pod now: the served-pod
+/// checks of [`waiting`], one by one, so that `plan --for` says what the operator would do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotServed {
+    /// Not pending (bound, finished or being deleted).
+    NotPending,
+    /// It asks for no GPU (or only MIG partitions, which demand runs do not serve).
+    NoGpu,
+    /// The policy's namespaces or pod selector leave it out.
+    OutOfScope,
+    /// Placed by a scheduler not in `safety.binpackSchedulers`.
+    Scheduler(String),
+    /// The scheduler has not marked it unschedulable (no `PodScheduled=False` with reason
+    /// `Unschedulable`: not tried yet, or held by a scheduling gate).
+    NotUnschedulable,
+    /// Unschedulable for less than `demand.minWait`: (waited, minWait).
+    TooSoon(Duration, Duration),
+    /// The scheduler has nominated a node for it (it is preempting there), or landing
+    /// control has: room is being made already.
+    Nominated(String),
+    /// It fits a node as the cluster is (in the policy's scope or not): the scheduler will
+    /// place it without any eviction.
+    FitsAsItIs,
+    /// It names a pod group that cannot be read: it may need more pods than are pending.
+    GangUnknown(String),
+}
+
+impl NotServed {
+    /// Stable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            NotServed::NotPending => "not-pending",
+            NotServed::NoGpu => "no-gpu",
+            NotServed::OutOfScope => "out-of-scope",
+            NotServed::Scheduler(_) => "scheduler-not-binpacking",
+            NotServed::NotUnschedulable => "not-unschedulable",
+            NotServed::TooSoon(..) => "min-wait",
+            NotServed::Nominated(_) => "nominated",
+            NotServed::FitsAsItIs => "fits-as-it-is",
+            NotServed::GangUnknown(_) => "gang-unknown",
+        }
+    }
+}
+
+fn minutes(d: Duration) -> String {
+    let s = d.num_seconds().max(0);
+    if s < 120 {
+        format!("{s}s")
+    } else {
+        format!("{}m", s / 60)
+    }
+}
+
+impl std::fmt::Display for NotServed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotServed::NotPending => f.write_str("it is not pending"),
+            NotServed::NoGpu => {
+                f.write_str("it asks for no whole GPU or GPU share (MIG partitions are not served)")
+            }
+            NotServed::OutOfScope => {
+                f.write_str("the policy's namespaces or pod selector leave it out")
+            }
+            NotServed::Scheduler(s) => write!(
+                f,
+                "its scheduler {s:?} is not one of safety.binpackSchedulers"
+            ),
+            NotServed::NotUnschedulable => f.write_str(
+                "the scheduler has not marked it Unschedulable (not tried yet, or held by a \
+                 scheduling gate)",
+            ),
+            NotServed::TooSoon(w, m) => write!(
+                f,
+                "unschedulable for {}, under demand.minWait {}",
+                minutes(*w),
+                minutes(*m)
+            ),
+            NotServed::Nominated(n) => write!(
+                f,
+                "nominated for node {n} (the scheduler is preempting there, or its room is \
+                 held)"
+            ),
+            NotServed::FitsAsItIs => {
+                f.write_str("it fits a node as the cluster is: the scheduler places it")
+            }
+            NotServed::GangUnknown(g) => write!(f, "its pod group cannot be read: {g}"),
+        }
+    }
+}
+
+/// The checks of pod `pi` that need no fit: pending, GPUs, scope, scheduler, unschedulable
+/// long enough, not nominated, a readable gang.
+fn not_served_before_fit(
+    cluster: &Cluster,
+    policy: &Policy,
+    now: DateTime<Utc>,
+    min_wait: Duration,
+    pi: usize,
+) -> Option<NotServed> {
+    let p = &cluster.pods[pi];
+    if !p.is_pending() {
+        return Some(NotServed::NotPending);
+    }
+    if p.shape.is_none_or(|s| s.gpus == 0) {
+        return Some(NotServed::NoGpu);
+    }
+    // The pod selector too: a pending pod the policy does not cover starts nothing.
+    if !policy.scope.covers_pod(p) {
+        return Some(NotServed::OutOfScope);
+    }
+    if !policy.binpack_schedulers.iter().any(|s| *s == p.scheduler) {
+        return Some(NotServed::Scheduler(p.scheduler.to_string()));
+    }
+    let Some(since) = p.unschedulable_since else {
+        return Some(NotServed::NotUnschedulable);
+    };
+    if now - since < min_wait {
+        return Some(NotServed::TooSoon(now - since, min_wait));
+    }
+    if let Some(n) = &p.nominated {
+        return Some(NotServed::Nominated(n.clone()));
+    }
+    if let Some(Gang::Unknown(g)) = &p.gang {
+        return Some(NotServed::GangUnknown(g.clone()));
+    }
+    None
+}
+
+/// Whether the operator would serve pending pod `pi` with a demand run now, by the same
+/// checks as [`waiting`]: `Ok` with the group served (the pod, or its gang's pending
+/// members), or why not.
+pub fn served(
+    cluster: &Cluster,
+    policy: &Policy,
+    now: DateTime<Utc>,
+    min_wait: Duration,
+    pi: usize,
+) -> Result<Vec<usize>, NotServed> {
+    if pi >= cluster.pods.len() {
+        return Err(NotServed::NotPending);
+    }
+    if let Some(why) = not_served_before_fit(cluster, policy, now, min_wait, pi) {
+        return Err(why);
+    }
+    let groups = waiting(cluster, policy, now, min_wait);
+    groups
+        .into_iter()
+        .find(|g| g.contains(&pi))
+        .ok_or(NotServed::FitsAsItIs)
+}
+
 /// Pending GPU pods a demand run may serve now, grouped (a gang's pending members in one
-/// group), oldest wait first: in the policy's scope (namespaces and pod selector), placed by one of its bin-packing
-/// schedulers, unschedulable for at least `min_wait` and fitting no node in scope as the
-/// cluster is. A pod whose gang cannot be read is not served (it may need more pods).
+/// group), oldest wait first: in the policy's scope (namespaces and pod selector), placed
+/// by one of its bin-packing schedulers, unschedulable for at least `min_wait`, not
+/// nominated to a node, and fitting no node of the cluster (in scope or not) as it is. A
+/// pod whose gang cannot be read is not served (it may need more pods).
 pub fn waiting(
     cluster: &Cluster,
     policy: &Policy,
@@ -723,14 +857,12 @@ pub fn waiting(
 ) -> Vec<Vec<usize>> {
     let cap = Capacity::of(cluster);
     let unplaceable = frag::unplaceable_pending(cluster, &cap, &policy.scope);
-    let waited = |p: &Pod| p.unschedulable_since.is_some_and(|t| now - t >= min_wait);
     let binpack = |p: &Pod| policy.binpack_schedulers.iter().any(|s| *s == p.scheduler);
     // (gang key or pod key) → (oldest wait, members)
     let mut groups: BTreeMap<(String, String), (DateTime<Utc>, Vec<usize>)> = BTreeMap::new();
     for &pi in &unplaceable {
         let p = &cluster.pods[pi];
-        // The pod selector too: a pending pod the policy does not cover starts nothing.
-        if !(binpack(p) && waited(p) && policy.scope.covers_pod(p)) {
+        if not_served_before_fit(cluster, policy, now, min_wait, pi).is_some() {
             continue;
         }
         let since = p.unschedulable_since.unwrap_or(now);
