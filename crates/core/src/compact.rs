@@ -226,6 +226,27 @@ impl CompactPod {
     }
 }
 
+/// Converts a Kubernetes label selector.
+pub fn label_selector(
+    sel: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+) -> LabelSelector {
+    LabelSelector {
+        match_labels: sel.match_labels.clone().unwrap_or_default(),
+        match_expressions: sel
+            .match_expressions
+            .iter()
+            .flatten()
+            .map(|e| {
+                (
+                    e.key.clone(),
+                    e.operator.clone(),
+                    e.values.clone().unwrap_or_default(),
+                )
+            })
+            .collect(),
+    }
+}
+
 /// The scheduling gate landing control holds a replacement with until it is nominated.
 pub const LANDING_GATE: &str = "gpu-defrag.io/landing";
 
@@ -326,7 +347,7 @@ fn constraints_of(
             }
         };
         let selector = t.label_selector.as_ref().map(|s| {
-            let mut sel = crate::ingest::label_selector(s);
+            let mut sel = label_selector(s);
             for k in t.match_label_keys.iter().flatten() {
                 if let Some(v) = labels.get(k) {
                     sel.match_expressions
@@ -360,7 +381,7 @@ fn affinity_term(
     labels: &BTreeMap<String, String>,
 ) -> PodAffinityTerm {
     let selector = t.label_selector.as_ref().map(|s| {
-        let mut sel: LabelSelector = crate::ingest::label_selector(s);
+        let mut sel: LabelSelector = label_selector(s);
         for (keys, op) in [
             (&t.match_label_keys, "In"),
             (&t.mismatch_label_keys, "NotIn"),

@@ -217,16 +217,6 @@ fn extra_allocatable(node: &corev1::Node) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// Adds `add` to the sorted list `to`, name by name.
-pub(crate) fn add_resources(to: &mut Vec<(String, u64)>, add: &[(String, u64)]) {
-    for (k, v) in add {
-        match to.binary_search_by(|(x, _)| x.as_str().cmp(k)) {
-            Ok(i) => to[i].1 = to[i].1.saturating_add(*v),
-            Err(i) => to.insert(i, (k.clone(), *v)),
-        }
-    }
-}
-
 fn models_of(pod: &CompactPod) -> Vec<String> {
     pod.node_selector
         .get(GPU_PRODUCT_LABEL)
@@ -235,26 +225,7 @@ fn models_of(pod: &CompactPod) -> Vec<String> {
         .collect()
 }
 
-/// Converts a Kubernetes label selector.
-pub fn label_selector(
-    sel: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
-) -> LabelSelector {
-    LabelSelector {
-        match_labels: sel.match_labels.clone().unwrap_or_default(),
-        match_expressions: sel
-            .match_expressions
-            .iter()
-            .flatten()
-            .map(|e| {
-                (
-                    e.key.clone(),
-                    e.operator.clone(),
-                    e.values.clone().unwrap_or_default(),
-                )
-            })
-            .collect(),
-    }
-}
+pub use crate::compact::label_selector;
 
 /// The scheduler a pod names (`default-scheduler` when none); the common names are not
 /// copied per pod.
@@ -563,7 +534,7 @@ pub fn build_cluster_from(mut objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) 
             n.mem_used = n.mem_used.saturating_add(pod.mem);
             n.pods_used += 1;
             if let Some(c) = &pod.constraints {
-                add_resources(&mut n.extra_used, &c.resources);
+                crate::model::add_resources(&mut n.extra_used, &c.resources);
             }
         }
         pods.push(pod);

@@ -823,3 +823,13 @@ impl Activity {
             .collect()
     }
 }
+
+/// Adds `add` to the sorted list `to`, name by name.
+pub fn add_resources(to: &mut Vec<(String, u64)>, add: &[(String, u64)]) {
+    for (k, v) in add {
+        match to.binary_search_by(|(x, _)| x.as_str().cmp(k)) {
+            Ok(i) => to[i].1 = to[i].1.saturating_add(*v),
+            Err(i) => to.insert(i, (k.clone(), *v)),
+        }
+    }
+}

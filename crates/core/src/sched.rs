@@ -349,7 +349,7 @@ impl Occupancy {
         self.leave(c, pod);
         self.at[pod] = Some(n);
         if let Some(cs) = &c.pods[pod].constraints {
-            crate::ingest::add_resources(&mut self.extra_used[n], &cs.resources);
+            add_resources(&mut self.extra_used[n], &cs.resources);
             if !cs.host_ports.is_empty() {
                 self.ports[n].push(pod);
             }
