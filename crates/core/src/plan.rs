@@ -1603,7 +1603,9 @@ fn prepare<'a>(
     // report zero idle capacity and a zero fragment rate.
     st.sums = before;
     if policy.from_pending {
+        // A pod the scheduler has nominated a node for is being served there already.
         st.pending = frag::unplaceable_pending(cluster, &st.cap, &policy.scope);
+        st.pending.retain(|&pi| cluster.pods[pi].nominated.is_none());
     }
 
     Prepared {

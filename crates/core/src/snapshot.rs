@@ -1,7 +1,7 @@
 //! Loading a saved cluster snapshot: a `v1` List (YAML or JSON), as
 //! `kubectl get nodes,pods,pdb -A -o yaml` prints it, optionally with the pods' owners
-//! (`replicasets,statefulsets,jobs`), `namespaces`, Volcano and KAI `podgroups` and
-//! Koordinator `Device` objects, and the DRA objects (`resourceslices,resourceclaims,
+//! (`replicasets,statefulsets,jobs`), `namespaces`, Volcano, KAI and Kubernetes
+//! (`scheduling.k8s.io`) `podgroups` and Koordinator `Device` objects, and the DRA objects (`resourceslices,resourceclaims,
 //! deviceclasses,devicetaintrules`, `resource.k8s.io/v1`). A kind the snapshot carries is "listed": the model
 //! checks against it (a pod whose ReplicaSet is missing from a snapshot that has
 //! ReplicaSets is never moved); a kind it lacks is reported as not checked. Errors name
@@ -381,9 +381,10 @@ fn is_meta_kind(kind: &str) -> bool {
     )
 }
 
-/// Keeps an owner object (its metadata), a Namespace (its metadata) or a Volcano / KAI
-/// PodGroup (as is), and marks its kind listed. Objects of the same kind name in other
-/// API groups (a CRD called `Job`, say) are not these and are ignored.
+/// Keeps an owner object (its metadata), a Namespace (its metadata) or a Volcano, KAI or
+/// Kubernetes (`scheduling.k8s.io`) PodGroup (as is), and marks its kind listed. Objects
+/// of the same kind name in other API groups (a CRD called `Job`, say) are not these and
+/// are ignored.
 fn push_meta(
     objs: &mut Objects,
     index: usize,
@@ -399,6 +400,7 @@ fn push_meta(
         match group.as_str() {
             crate::workload::VOLCANO_GROUP_API => objs.listed.volcano_pod_groups = true,
             crate::workload::KAI_GROUP_API => objs.listed.kai_pod_groups = true,
+            crate::workload::SCHEDULING_GROUP_API => objs.listed.scheduling_pod_groups = true,
             _ => return Ok(()),
         }
         objs.pod_groups.push(item);

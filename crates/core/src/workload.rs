@@ -8,14 +8,18 @@
 //! and the model says so ([`Chain::NotChecked`]). An owner object that should be at hand
 //! but is not found makes the chain [`Chain::Broken`]: such a pod is never moved.
 //!
-//! Gangs are read from the labels and annotations the gang schedulers and training
-//! operators write, and, for Volcano and KAI (which put *every* pod they schedule in a
-//! pod group, a plain Deployment's pods too), from the PodGroup objects: a group whose
-//! `spec.minMember` is above 1 is a gang; a group that cannot be read makes the pod
-//! [`Gang::Unknown`].
+//! Gangs are read from the pod's `spec.schedulingGroup` (the Kubernetes PodGroup,
+//! `scheduling.k8s.io/v1beta1`, 1.37: a group with `spec.schedulingPolicy.gang.minCount`
+//! above 1 or `spec.disruptionMode.all` is a gang), from the labels and annotations the
+//! gang schedulers, training operators and Kueue write, and, for Volcano and KAI (which
+//! put *every* pod they schedule in a pod group, a plain Deployment's pods too), from
+//! the PodGroup objects: a group whose `spec.minMember` is above 1 is a gang. A group
+//! that cannot be read makes the pod [`Gang::Unknown`].
 use std::collections::{BTreeSet, HashMap};
 
+use k8s_openapi::api::scheduling::v1beta1::PodGroupSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::model::{Chain, Gang, Owner, Workload};
@@ -85,6 +89,10 @@ pub struct Listed {
     pub volcano_pod_groups: bool,
     /// KAI PodGroups (`scheduling.run.ai`).
     pub kai_pod_groups: bool,
+    /// Kubernetes PodGroups (`scheduling.k8s.io/v1beta1`, Kubernetes 1.37; served only
+    /// with the `GenericWorkload` feature gate on), the groups pods name in
+    /// `spec.schedulingGroup.podGroupName`.
+    pub scheduling_pod_groups: bool,
     /// DRA `DeviceTaintRule`s (`resource.k8s.io/v1`, Kubernetes 1.37): served, so a run
     /// can fence a single DRA device with one.
     pub device_taint_rules: bool,
@@ -144,12 +152,23 @@ pub const KAI_GROUP_ANNOTATION: &str = "pod-group-name";
 pub const VOLCANO_GROUP_API: &str = "scheduling.volcano.sh";
 /// API group of KAI PodGroups.
 pub const KAI_GROUP_API: &str = "scheduling.run.ai";
+/// API group of the Kubernetes PodGroups (`spec.schedulingGroup.podGroupName` of a pod).
+pub const SCHEDULING_GROUP_API: &str = "scheduling.k8s.io";
+/// The version of the Kubernetes PodGroups read (Kubernetes 1.37).
+pub const SCHEDULING_GROUP_VERSION: &str = "v1beta1";
+/// Kueue's pod label naming the pod group of plain pods (and of the pods of the workloads
+/// Kueue admits as pod groups).
+pub const KUEUE_GROUP_LABEL: &str = "kueue.x-k8s.io/pod-group-name";
+/// Kueue's pod annotation giving the number of pods of that group.
+pub const KUEUE_GROUP_COUNT_ANNOTATION: &str = "kueue.x-k8s.io/pod-group-total-count";
 
 /// Which scheduler a pod group belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum GroupSource {
     Volcano,
     Kai,
+    /// Kubernetes' own (`scheduling.k8s.io`).
+    Scheduling,
 }
 
 impl GroupSource {
@@ -157,15 +176,20 @@ impl GroupSource {
         match self {
             GroupSource::Volcano => "Volcano",
             GroupSource::Kai => "KAI",
+            GroupSource::Scheduling => "scheduling.k8s.io",
         }
     }
 }
+
+/// What a pod group object says of its pods: `Ok(Some(why))` a gang (`why`, e.g. "with
+/// minMember 4", completes "PodGroup ns/name"), `Ok(None)` no gang, `Err` unreadable.
+type GroupRule = Result<Option<String>, String>;
 
 /// Owner objects, pod groups and namespace opt-outs, indexed for the pods.
 #[derive(Debug, Default)]
 pub struct Index<'a> {
     controllers: HashMap<(ControllerKind, &'a str, &'a str), &'a ObjectMeta>,
-    groups: HashMap<(GroupSource, String, String), Result<i64, String>>,
+    groups: HashMap<(GroupSource, String, String), GroupRule>,
     listed: Listed,
 }
 
@@ -182,24 +206,62 @@ fn api_group_of(api_version: &str) -> &str {
         .unwrap_or_default()
 }
 
-/// Reads a PodGroup object: its source, namespace, name and `spec.minMember`.
-fn pod_group(v: &Value) -> Option<(GroupSource, String, String, Result<i64, String>)> {
+/// Reads a PodGroup object: its source, namespace, name and what it says of its pods
+/// (Volcano and KAI: `spec.minMember`; Kubernetes: [`scheduling_group_rule`]).
+fn pod_group(v: &Value) -> Option<(GroupSource, String, String, GroupRule)> {
     let api = v.get("apiVersion")?.as_str()?;
-    let source = match api_group(api).as_str() {
+    if v.get("kind").and_then(Value::as_str) != Some("PodGroup") {
+        return None;
+    }
+    let source = match api_group_of(api) {
         VOLCANO_GROUP_API => GroupSource::Volcano,
         KAI_GROUP_API => GroupSource::Kai,
+        SCHEDULING_GROUP_API => GroupSource::Scheduling,
         _ => return None,
     };
     let ns = v.pointer("/metadata/namespace")?.as_str()?.to_string();
     let name = v.pointer("/metadata/name")?.as_str()?.to_string();
-    let min = match v.pointer("/spec/minMember") {
-        // KAI's minMember is optional (a group of sub-groups): unknown, not 1.
-        None => Err("no spec.minMember".to_string()),
-        Some(m) => m
-            .as_i64()
-            .ok_or_else(|| format!("spec.minMember is not an integer: {m}")),
+    let rule = match source {
+        GroupSource::Scheduling => scheduling_group_rule(v.get("spec")),
+        GroupSource::Volcano | GroupSource::Kai => match v.pointer("/spec/minMember") {
+            // KAI's minMember is optional (a group of sub-groups): unknown, not 1.
+            None => Err("no spec.minMember".to_string()),
+            Some(m) => m
+                .as_i64()
+                .map(|min| (min > 1).then(|| format!("with minMember {min}")))
+                .ok_or_else(|| format!("spec.minMember is not an integer: {m}")),
+        },
     };
-    Some((source, ns, name, min))
+    Some((source, ns, name, rule))
+}
+
+/// What the `spec` of a Kubernetes PodGroup (`scheduling.k8s.io/v1beta1`) says of its
+/// pods: a gang when `schedulingPolicy.gang.minCount` is above 1 (the scheduler places at
+/// least that many together or none), or when `disruptionMode` is `all` (its pods may
+/// only be disrupted together: moving one alone is what that forbids). `basic` with the
+/// default `disruptionMode` (`single`) is no gang. A policy or mode of neither known
+/// kind (a later API) is unreadable: the pod may be a gang.
+fn scheduling_group_rule(spec: Option<&Value>) -> GroupRule {
+    let spec = spec.ok_or("no spec")?;
+    let spec = PodGroupSpec::deserialize(spec).map_err(|e| format!("spec unreadable: {e}"))?;
+    let all = match &spec.disruption_mode {
+        None => false,
+        Some(m) if m.all.is_some() => true,
+        Some(m) if m.single.is_some() => false,
+        Some(_) => return Err("spec.disruptionMode is neither single nor all".into()),
+    };
+    let policy = &spec.scheduling_policy;
+    let min = match (&policy.gang, &policy.basic) {
+        (Some(g), _) => g.min_count,
+        (None, Some(_)) => 1,
+        (None, None) => return Err("spec.schedulingPolicy is neither basic nor gang".into()),
+    };
+    Ok(match (min > 1, all) {
+        (true, true) => Some(format!("with gang minCount {min} and disruptionMode all")),
+        (true, false) => Some(format!("with gang minCount {min}")),
+        (false, true) => Some("with disruptionMode all".into()),
+        (false, false) => None,
+    })
 }
 
 impl<'a> Index<'a> {
@@ -308,17 +370,36 @@ impl<'a> Index<'a> {
         })
     }
 
-    /// The gang a pod belongs to, if any (labels first, then Volcano and KAI groups).
+    /// The gang a pod of namespace `ns` belongs to, if any: the Kubernetes PodGroup its
+    /// `spec.schedulingGroup.podGroupName` (`scheduling_group`) names first (the
+    /// scheduler's own group), then the gang labels, Kueue's pod group, and the Volcano
+    /// and KAI groups its annotations name. A group that is no gang (a Kubernetes group
+    /// with the `basic` policy, a Kueue group of 1, a Volcano or KAI group with
+    /// `minMember` 1) lets the next source decide; a group that cannot be read makes the
+    /// pod [`Gang::Unknown`].
+    ///
+    /// Every member of one group gets the same [`Gang::Member`] text: demand runs group
+    /// a gang's pending pods by it.
     pub fn gang(
         &self,
         ns: &str,
         labels: &std::collections::BTreeMap<String, String>,
         annotations: &std::collections::BTreeMap<String, String>,
+        scheduling_group: Option<&str>,
     ) -> Option<Gang> {
+        if let Some(group) = scheduling_group.filter(|g| !g.is_empty()) {
+            let key = "spec.schedulingGroup.podGroupName";
+            if let Some(gang) = self.group_gang(GroupSource::Scheduling, key, ns, group) {
+                return Some(gang);
+            }
+        }
         for (key, who) in GANG_LABELS {
             if let Some(v) = labels.get(*key) {
                 return Some(Gang::Member(format!("label {key}={v} ({who})")));
             }
+        }
+        if let Some(gang) = kueue_gang(labels, annotations) {
+            return Some(gang);
         }
         let named = VOLCANO_GROUP_ANNOTATIONS
             .iter()
@@ -326,42 +407,69 @@ impl<'a> Index<'a> {
             .chain([(GroupSource::Kai, KAI_GROUP_ANNOTATION)])
             .filter_map(|(s, k)| annotations.get(k).map(|v| (s, k, v)));
         for (source, key, group) in named {
-            let listed = match source {
-                GroupSource::Volcano => self.listed.volcano_pod_groups,
-                GroupSource::Kai => self.listed.kai_pod_groups,
-            };
-            if !listed {
-                return Some(Gang::Unknown(format!(
-                    "{key}={group}: {} PodGroups not readable",
-                    source.name()
-                )));
-            }
-            match self
-                .groups
-                .get(&(source, ns.to_string(), group.to_string()))
-            {
-                None => {
-                    return Some(Gang::Unknown(format!(
-                        "{key}={group}: {} PodGroup {ns}/{group} not found",
-                        source.name()
-                    )));
-                }
-                Some(Err(e)) => {
-                    return Some(Gang::Unknown(format!(
-                        "{} PodGroup {ns}/{group}: {e}",
-                        source.name()
-                    )));
-                }
-                Some(Ok(min)) if *min > 1 => {
-                    return Some(Gang::Member(format!(
-                        "{} PodGroup {ns}/{group} with minMember {min}",
-                        source.name()
-                    )));
-                }
-                Some(Ok(_)) => {}
+            if let Some(gang) = self.group_gang(source, key, ns, group) {
+                return Some(gang);
             }
         }
         None
+    }
+
+    /// What pod group `group` of `source`, named by the pod's `key`, makes a pod of
+    /// namespace `ns`: a member, unknown (not listed, not found, unreadable), or `None`
+    /// (no gang).
+    fn group_gang(&self, source: GroupSource, key: &str, ns: &str, group: &str) -> Option<Gang> {
+        let (listed, why_not) = match source {
+            GroupSource::Volcano => (self.listed.volcano_pod_groups, ""),
+            GroupSource::Kai => (self.listed.kai_pod_groups, ""),
+            GroupSource::Scheduling => (
+                self.listed.scheduling_pod_groups,
+                " (the API is served only with the GenericWorkload feature gate on)",
+            ),
+        };
+        let name = source.name();
+        if !listed {
+            return Some(Gang::Unknown(format!(
+                "{key}={group}: {name} PodGroups not readable{why_not}"
+            )));
+        }
+        match self
+            .groups
+            .get(&(source, ns.to_string(), group.to_string()))
+        {
+            None => Some(Gang::Unknown(format!(
+                "{key}={group}: {name} PodGroup {ns}/{group} not found"
+            ))),
+            Some(Err(e)) => Some(Gang::Unknown(format!("{name} PodGroup {ns}/{group}: {e}"))),
+            Some(Ok(Some(why))) => {
+                Some(Gang::Member(format!("{name} PodGroup {ns}/{group} {why}")))
+            }
+            Some(Ok(None)) => None,
+        }
+    }
+}
+
+/// Kueue's pod group (`kueue.x-k8s.io/pod-group-name`, an empty value is none, as for
+/// Kueue): a gang when its `kueue.x-k8s.io/pod-group-total-count` is above 1, none when it
+/// is 1, unknown when it is missing or not a positive integer. The text names the group
+/// and its count only, the same for every member.
+fn kueue_gang(
+    labels: &std::collections::BTreeMap<String, String>,
+    annotations: &std::collections::BTreeMap<String, String>,
+) -> Option<Gang> {
+    let group = labels.get(KUEUE_GROUP_LABEL).filter(|g| !g.is_empty())?;
+    let Some(count) = annotations.get(KUEUE_GROUP_COUNT_ANNOTATION) else {
+        return Some(Gang::Unknown(format!(
+            "label {KUEUE_GROUP_LABEL}={group} (Kueue pod group) without annotation \
+             {KUEUE_GROUP_COUNT_ANNOTATION}"
+        )));
+    };
+    match count.trim().parse::<u64>() {
+        Ok(n) if n > 1 => Some(Gang::Member(format!("Kueue pod group {group} of {n}"))),
+        Ok(1) => None,
+        _ => Some(Gang::Unknown(format!(
+            "Kueue pod group {group}: annotation {KUEUE_GROUP_COUNT_ANNOTATION}={count:?} is \
+             not a positive integer"
+        ))),
     }
 }
 
@@ -533,19 +641,39 @@ mod tests {
         let none = BTreeMap::new();
         let ann = |k: &str, v: &str| BTreeMap::from([(k.to_string(), v.to_string())]);
         assert_eq!(
-            idx.gang("ml", &none, &ann("scheduling.k8s.io/group-name", "single")),
+            idx.gang(
+                "ml",
+                &none,
+                &ann("scheduling.k8s.io/group-name", "single"),
+                None
+            ),
             None
         );
         assert!(matches!(
-            idx.gang("ml", &none, &ann("scheduling.k8s.io/group-name", "gang")),
+            idx.gang(
+                "ml",
+                &none,
+                &ann("scheduling.k8s.io/group-name", "gang"),
+                None
+            ),
             Some(Gang::Member(_))
         ));
         assert!(matches!(
-            idx.gang("ml", &none, &ann("scheduling.k8s.io/group-name", "missing")),
+            idx.gang(
+                "ml",
+                &none,
+                &ann("scheduling.k8s.io/group-name", "missing"),
+                None
+            ),
             Some(Gang::Unknown(_))
         ));
         assert!(matches!(
-            idx.gang("ml", &none, &ann("scheduling.k8s.io/group-name", "bad")),
+            idx.gang(
+                "ml",
+                &none,
+                &ann("scheduling.k8s.io/group-name", "bad"),
+                None
+            ),
             Some(Gang::Unknown(_))
         ));
         // Same name, other namespace: not found.
@@ -553,27 +681,194 @@ mod tests {
             idx.gang(
                 "other",
                 &none,
-                &ann("scheduling.k8s.io/group-name", "single")
+                &ann("scheduling.k8s.io/group-name", "single"),
+                None
             ),
             Some(Gang::Unknown(_))
         ));
         assert!(matches!(
-            idx.gang("ml", &none, &ann("pod-group-name", "kai-sub")),
+            idx.gang("ml", &none, &ann("pod-group-name", "kai-sub"), None),
             Some(Gang::Unknown(_))
         ));
         for (k, _) in GANG_LABELS {
             assert!(
-                matches!(idx.gang("ml", &ann(k, "x"), &none), Some(Gang::Member(_))),
+                matches!(
+                    idx.gang("ml", &ann(k, "x"), &none, None),
+                    Some(Gang::Member(_))
+                ),
                 "{k}"
             );
         }
         // PodGroups not readable at all: unknown.
         let blind = Index::new(&[], &[], Listed::default());
         assert!(matches!(
-            blind.gang("ml", &none, &ann("scheduling.k8s.io/group-name", "single")),
+            blind.gang(
+                "ml",
+                &none,
+                &ann("scheduling.k8s.io/group-name", "single"),
+                None
+            ),
             Some(Gang::Unknown(_))
         ));
-        assert_eq!(blind.gang("ml", &none, &none), None);
+        assert_eq!(blind.gang("ml", &none, &none, None), None);
+    }
+
+    #[test]
+    fn gangs_from_kueue_pod_groups() {
+        let idx = Index::new(&[], &[], Listed::default());
+        let kueue = |group: &str, count: Option<&str>| {
+            let labels = BTreeMap::from([(KUEUE_GROUP_LABEL.to_string(), group.to_string())]);
+            let ann: BTreeMap<String, String> = count
+                .map(|c| (KUEUE_GROUP_COUNT_ANNOTATION.to_string(), c.to_string()))
+                .into_iter()
+                .collect();
+            idx.gang("ml", &labels, &ann, None)
+        };
+        assert_eq!(
+            kueue("train", Some("4")),
+            Some(Gang::Member("Kueue pod group train of 4".into()))
+        );
+        assert_eq!(kueue("solo", Some("1")), None);
+        assert_eq!(kueue("", Some("4")), None, "an empty name is no group");
+        for bad in [None, Some("four"), Some("0"), Some("-2"), Some("")] {
+            assert!(
+                matches!(kueue("train", bad), Some(Gang::Unknown(_))),
+                "{bad:?}"
+            );
+        }
+        // A group of 1 lets the other sources decide.
+        let labels = BTreeMap::from([(KUEUE_GROUP_LABEL.to_string(), "solo".to_string())]);
+        let ann = BTreeMap::from([
+            (KUEUE_GROUP_COUNT_ANNOTATION.to_string(), "1".to_string()),
+            ("scheduling.k8s.io/group-name".to_string(), "vg".to_string()),
+        ]);
+        assert!(matches!(
+            idx.gang("ml", &labels, &ann, None),
+            Some(Gang::Unknown(_))
+        ));
+    }
+
+    #[test]
+    fn gangs_from_scheduling_pod_groups() {
+        let pg = |name: &str, spec: Value| {
+            json!({"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+                   "metadata": {"namespace": "ml", "name": name}, "spec": spec})
+        };
+        let groups = [
+            pg(
+                "gang",
+                json!({"schedulingPolicy": {"gang": {"minCount": 8}}}),
+            ),
+            pg(
+                "gang-of-one",
+                json!({"schedulingPolicy": {"gang": {"minCount": 1}}}),
+            ),
+            pg("basic", json!({"schedulingPolicy": {"basic": {}}})),
+            pg(
+                "basic-single",
+                json!({"schedulingPolicy": {"basic": {}}, "disruptionMode": {"single": {}}}),
+            ),
+            pg(
+                "basic-all",
+                json!({"schedulingPolicy": {"basic": {}}, "disruptionMode": {"all": {}}}),
+            ),
+            pg(
+                "gang-all",
+                json!({"schedulingPolicy": {"gang": {"minCount": 2}}, "disruptionMode": {"all": {}}}),
+            ),
+            pg("no-policy", json!({"schedulingPolicy": {}})),
+            pg(
+                "odd-mode",
+                json!({"schedulingPolicy": {"basic": {}}, "disruptionMode": {"some": {}}}),
+            ),
+            pg(
+                "bad-count",
+                json!({"schedulingPolicy": {"gang": {"minCount": "8"}}}),
+            ),
+            json!({"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+                   "metadata": {"namespace": "ml", "name": "no-spec"}}),
+            // Another kind of the same group is no pod group.
+            json!({"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "Workload",
+                   "metadata": {"namespace": "ml", "name": "workload"},
+                   "spec": {"podGroupTemplates": []}}),
+        ];
+        let listed = Listed {
+            scheduling_pod_groups: true,
+            ..Default::default()
+        };
+        let idx = Index::new(&[], &groups, listed);
+        let none = BTreeMap::new();
+        let gang = |ns: &str, group: &str| idx.gang(ns, &none, &none, Some(group));
+        assert_eq!(
+            gang("ml", "gang"),
+            Some(Gang::Member(
+                "scheduling.k8s.io PodGroup ml/gang with gang minCount 8".into()
+            ))
+        );
+        assert_eq!(
+            gang("ml", "basic-all"),
+            Some(Gang::Member(
+                "scheduling.k8s.io PodGroup ml/basic-all with disruptionMode all".into()
+            ))
+        );
+        assert!(matches!(gang("ml", "gang-all"), Some(Gang::Member(_))));
+        for no_gang in ["gang-of-one", "basic", "basic-single"] {
+            assert_eq!(gang("ml", no_gang), None, "{no_gang}");
+        }
+        for unknown in [
+            "no-policy",
+            "odd-mode",
+            "bad-count",
+            "no-spec",
+            "workload",
+            "missing",
+        ] {
+            assert!(
+                matches!(gang("ml", unknown), Some(Gang::Unknown(_))),
+                "{unknown}"
+            );
+        }
+        let Some(Gang::Unknown(why)) = gang("other", "gang") else {
+            panic!("another namespace's group is not the pod's");
+        };
+        assert!(why.contains("PodGroup other/gang not found"), "{why}");
+        assert_eq!(idx.gang("ml", &none, &none, Some("")), None);
+        // The pod's own group decides before its labels; a group that is no gang lets
+        // them decide.
+        let jobset = BTreeMap::from([(
+            "jobset.sigs.k8s.io/jobset-name".to_string(),
+            "js".to_string(),
+        )]);
+        assert!(matches!(
+            idx.gang("ml", &jobset, &none, Some("missing")),
+            Some(Gang::Unknown(_))
+        ));
+        assert_eq!(
+            idx.gang("ml", &jobset, &none, Some("basic")),
+            Some(Gang::Member(
+                "label jobset.sigs.k8s.io/jobset-name=js (JobSet)".into()
+            ))
+        );
+        // The API not served (GenericWorkload off) or not readable: unknown, said so.
+        let blind = Index::new(&[], &groups, Listed::default());
+        let Some(Gang::Unknown(why)) = blind.gang("ml", &none, &none, Some("basic")) else {
+            panic!("an unlisted group is unknown");
+        };
+        assert!(why.contains("not readable"), "{why}");
+        // Volcano's annotation `scheduling.k8s.io/group-name` names a Volcano group, never
+        // a Kubernetes one.
+        assert!(matches!(
+            idx.gang(
+                "ml",
+                &none,
+                &BTreeMap::from([(
+                    "scheduling.k8s.io/group-name".to_string(),
+                    "gang".to_string()
+                )]),
+                None
+            ),
+            Some(Gang::Unknown(_))
+        ));
     }
 
     #[test]

@@ -521,6 +521,7 @@ fn reconcile_once(caches: &Caches, dp: &DefragPolicy, metrics: &Metrics) -> Outc
                 namespaces: true,
                 volcano_pod_groups: false,
                 kai_pod_groups: false,
+                scheduling_pod_groups: false,
             },
         },
         Some(now),

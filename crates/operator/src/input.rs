@@ -6,7 +6,8 @@ use gpu_defrag_api::v1alpha1::{DefragPolicy, DefragPolicySpec};
 use gpu_defrag_core::ingest::Objects;
 use gpu_defrag_core::policy::Policy;
 use gpu_defrag_core::workload::{
-    ControllerKind, ControllerObject, KAI_GROUP_API, Listed, VOLCANO_GROUP_API,
+    ControllerKind, ControllerObject, KAI_GROUP_API, Listed, SCHEDULING_GROUP_API,
+    SCHEDULING_GROUP_VERSION, VOLCANO_GROUP_API,
 };
 use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
@@ -335,9 +336,9 @@ fn not_found(e: kube::Error, name: &str) -> anyhow::Error {
     }
 }
 
-/// Reads nodes, pods, PDBs (and Koordinator Devices when that CRD exists, DRA
-/// ResourceSlices, ResourceClaims and DeviceClasses where served) from the cluster of the
-/// current kubeconfig context. Read-only.
+/// Reads nodes, pods, PDBs (and Koordinator Devices when that CRD exists, Volcano, KAI and
+/// Kubernetes PodGroups, DRA ResourceSlices, ResourceClaims and DeviceClasses where
+/// served) from the cluster of the current kubeconfig context. Read-only.
 pub async fn read_live(client: kube::Client) -> anyhow::Result<Objects> {
     let lp = ListParams::default();
     let nodes = Api::<Node>::all(client.clone())
@@ -383,13 +384,18 @@ pub async fn read_live(client: kube::Client) -> anyhow::Result<Objects> {
     controllers.extend(rs.into_iter().map(object(ControllerKind::ReplicaSet)));
     controllers.extend(ss.into_iter().map(object(ControllerKind::StatefulSet)));
     controllers.extend(jobs.into_iter().map(object(ControllerKind::Job)));
-    // Volcano and KAI PodGroups, where served: a pod naming a group that cannot be read
-    // is never moved (gang-unknown).
+    // Volcano, KAI and Kubernetes PodGroups (the last served only with the GenericWorkload
+    // feature gate), where served: a pod naming a group that cannot be read is never moved
+    // (gang-unknown).
     let mut pod_groups = Vec::new();
-    let mut groups_listed = [false; 2];
-    for (i, (group, version)) in [(VOLCANO_GROUP_API, "v1beta1"), (KAI_GROUP_API, "v2alpha2")]
-        .into_iter()
-        .enumerate()
+    let mut groups_listed = [false; 3];
+    for (i, (group, version)) in [
+        (VOLCANO_GROUP_API, "v1beta1"),
+        (KAI_GROUP_API, "v2alpha2"),
+        (SCHEDULING_GROUP_API, SCHEDULING_GROUP_VERSION),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let ar = ApiResource::from_gvk_with_plural(
             &GroupVersionKind::gvk(group, version, "PodGroup"),
@@ -437,6 +443,7 @@ pub async fn read_live(client: kube::Client) -> anyhow::Result<Objects> {
             namespaces: true,
             volcano_pod_groups: groups_listed[0],
             kai_pod_groups: groups_listed[1],
+            scheduling_pod_groups: groups_listed[2],
         },
     })
 }

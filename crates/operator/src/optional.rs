@@ -1,7 +1,8 @@
 //! A watch on a kind that only some clusters serve (a peer's CRD: Koordinator `Device`,
 //! Volcano and KAI `PodGroup`; DRA's `resource.k8s.io/v1` kinds, served from Kubernetes
-//! 1.34): looked for at start (readiness then waits for the first list), and every minute
-//! after until it appears.
+//! 1.34; the `scheduling.k8s.io/v1beta1` `PodGroup`, served from 1.37 with the
+//! `GenericWorkload` feature gate): looked for at start (readiness then waits for the
+//! first list), and every minute after until it appears.
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;

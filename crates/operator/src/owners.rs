@@ -1,12 +1,16 @@
 //! What the model needs to judge workloads, not pods: the pods' owner objects
 //! (ReplicaSets, StatefulSets, Jobs — metadata only, trimmed to names and owner
-//! references), Namespaces (their `gpu-defrag.io/do-not-disrupt` opt-out), and Volcano
-//! and KAI PodGroups where those CRDs are served (a group with `minMember` above 1 is a
-//! gang). See `gpu_defrag_core::workload`.
+//! references), Namespaces (their `gpu-defrag.io/do-not-disrupt` opt-out), Volcano and
+//! KAI PodGroups where those CRDs are served (a group with `minMember` above 1 is a
+//! gang), and Kubernetes PodGroups (`scheduling.k8s.io/v1beta1`, 1.37) where that API is
+//! served (the `GenericWorkload` feature gate). See `gpu_defrag_core::workload`.
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
-use gpu_defrag_core::workload::{ControllerKind, KAI_GROUP_API, Listed, VOLCANO_GROUP_API};
+use gpu_defrag_core::workload::{
+    ControllerKind, KAI_GROUP_API, Listed, SCHEDULING_GROUP_API, SCHEDULING_GROUP_VERSION,
+    VOLCANO_GROUP_API,
+};
 use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Namespace;
@@ -73,6 +77,7 @@ pub struct Owners {
     namespaces: Store<PartialObjectMeta<Namespace>>,
     volcano: OptionalKind,
     kai: OptionalKind,
+    scheduling: OptionalKind,
 }
 
 impl Owners {
@@ -100,10 +105,19 @@ impl Owners {
         )
         .await;
         let kai = OptionalKind::start(
-            client,
+            client.clone(),
             GroupVersionKind::gvk(KAI_GROUP_API, "v2alpha2", "PodGroup"),
             "podgroups",
             "pods naming a KAI pod group are never moved (gang-unknown)",
+            changed.clone(),
+        )
+        .await;
+        // Served only with the GenericWorkload feature gate (Kubernetes 1.37).
+        let scheduling = OptionalKind::start(
+            client,
+            GroupVersionKind::gvk(SCHEDULING_GROUP_API, SCHEDULING_GROUP_VERSION, "PodGroup"),
+            "podgroups",
+            "pods naming a pod group in spec.schedulingGroup are never moved (gang-unknown)",
             changed,
         )
         .await;
@@ -114,6 +128,7 @@ impl Owners {
             namespaces,
             volcano,
             kai,
+            scheduling,
         }
     }
 
@@ -126,12 +141,13 @@ impl Owners {
             self.namespaces.wait_until_ready(),
             self.volcano.wait_until_ready(),
             self.kai.wait_until_ready(),
+            self.scheduling.wait_until_ready(),
         );
     }
 
     /// The objects now (shared, not copied).
     pub fn snapshot(&self) -> OwnersSnapshot {
-        let groups = [&self.volcano, &self.kai]
+        let groups = [&self.volcano, &self.kai, &self.scheduling]
             .into_iter()
             .flat_map(|k| k.state())
             .map(|g| pod_group_value(&g))
@@ -149,6 +165,7 @@ impl Owners {
                 namespaces: true,
                 volcano_pod_groups: self.volcano.listed(),
                 kai_pod_groups: self.kai.listed(),
+                scheduling_pod_groups: self.scheduling.listed(),
                 // Set from the DRA watches ([`crate::dra`]).
                 device_taint_rules: false,
             },

@@ -165,6 +165,7 @@ fn cluster_role_is_least_privilege() {
             &["get", "list", "watch"],
         ),
         grant("scheduling.run.ai", "podgroups", &["get", "list", "watch"]),
+        grant("scheduling.k8s.io", "podgroups", &["get", "list", "watch"]),
         grant(
             "resource.k8s.io",
             "resourceslices",
@@ -239,6 +240,7 @@ fn viewer_role_only_reads() {
         grant("", "namespaces", &["get", "list"]),
         grant("scheduling.volcano.sh", "podgroups", &["get", "list"]),
         grant("scheduling.run.ai", "podgroups", &["get", "list"]),
+        grant("scheduling.k8s.io", "podgroups", &["get", "list"]),
         grant("resource.k8s.io", "resourceslices", &["get", "list"]),
         grant("resource.k8s.io", "resourceclaims", &["get", "list"]),
         grant("resource.k8s.io", "deviceclasses", &["get", "list"]),
