@@ -1397,7 +1397,9 @@ mod demand {
         other.scheduler = "default-scheduler".into();
         let mut untried = pending("ml", "untried", 8, 0);
         untried.unschedulable_since = None;
-        for p in [nominated, fresh, other, untried, pending("ml", "old", 8, 0)] {
+        let mut pvc = pending("ml", "pvc", 8, 0);
+        pvc.pvc = true;
+        for p in [nominated, fresh, other, untried, pvc, pending("ml", "old", 8, 0)] {
             c.pods.push(p);
         }
         let c = finish(c);
@@ -1411,6 +1413,13 @@ mod demand {
         );
         assert!(matches!(why("ml/other"), Err(NotServed::Scheduler(_))));
         assert_eq!(why("ml/untried"), Err(NotServed::NotUnschedulable));
+        assert_eq!(why("ml/pvc"), Err(NotServed::Volumes));
+        let vouched = Policy {
+            evict_pvc_pods: true,
+            ..exact_policy(16)
+        };
+        let pvc = served_index(&c, "ml/pvc");
+        assert!(served(&c, &vouched, now, min_wait, pvc).is_ok());
         assert_eq!(why("ml/old"), Ok(vec![served_index(&c, "ml/old")]));
         assert_eq!(why("a/p00"), Err(NotServed::NotPending));
 

@@ -718,6 +718,10 @@ pub enum NotServed {
     FitsAsItIs,
     /// It names a pod group that cannot be read: it may need more pods than are pending.
     GangUnknown(String),
+    /// It mounts a PersistentVolumeClaim (or a generic ephemeral volume) whose volume may
+    /// bind it to a zone gpu-defrag does not read, and the policy does not vouch for the
+    /// volumes (`safety.evictPvcPods` / `safety.evictEphemeralVolumePods`).
+    Volumes,
 }
 
 impl NotServed {
@@ -733,6 +737,7 @@ impl NotServed {
             NotServed::Nominated(_) => "nominated",
             NotServed::FitsAsItIs => "fits-as-it-is",
             NotServed::GangUnknown(_) => "gang-unknown",
+            NotServed::Volumes => "volume-topology-unknown",
         }
     }
 }
@@ -779,6 +784,11 @@ impl std::fmt::Display for NotServed {
                 f.write_str("it fits a node as the cluster is: the scheduler places it")
             }
             NotServed::GangUnknown(g) => write!(f, "its pod group cannot be read: {g}"),
+            NotServed::Volumes => f.write_str(
+                "it mounts a volume whose zone is not read (a PersistentVolumeClaim or a \
+                 generic ephemeral volume): the room might be where the volume cannot go; \
+                 safety.evictPvcPods / evictEphemeralVolumePods vouch for the volumes",
+            ),
         }
     }
 }
@@ -817,6 +827,11 @@ fn not_served_before_fit(
     }
     if let Some(Gang::Unknown(g)) = &p.gang {
         return Some(NotServed::GangUnknown(g.clone()));
+    }
+    if (p.pvc && !policy.evict_pvc_pods)
+        || (p.ephemeral_volume && !policy.evict_ephemeral_volume_pods)
+    {
+        return Some(NotServed::Volumes);
     }
     None
 }
