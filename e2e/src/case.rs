@@ -5,7 +5,10 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use k8s_openapi::api::{apps::v1::Deployment, core::v1::ResourceQuota};
+use k8s_openapi::api::{
+    apps::v1::Deployment,
+    core::v1::{Pod, ResourceQuota},
+};
 use kube::{Api, Client, api::PostParams};
 use serde_json::{Value, json};
 
@@ -98,6 +101,40 @@ impl Case {
                         })
                 })
                 .map(|_| ()))
+        })
+        .await
+        .unwrap();
+    }
+
+    /// Creates a bare pending pod `name` asking for `gpus` GPUs on the pool (no
+    /// controller) and waits until the scheduler marks it Unschedulable.
+    pub async fn pending_pod(&self, name: &str, gpus: u32) {
+        let d = self.pool.deployment(name, 1, gpus).unwrap();
+        let mut spec = d.spec.template.spec.clone().unwrap();
+        spec.termination_grace_period_seconds = Some(0);
+        let pod = Pod {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.to_string()),
+                labels: d.spec.template.metadata.and_then(|m| m.labels),
+                ..Default::default()
+            },
+            spec: Some(spec),
+            ..Default::default()
+        };
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), self.ns.name());
+        api.create(&PostParams::default(), &pod).await.unwrap();
+        wait_for(&format!("{name} to be unschedulable"), T, || async {
+            let p = api.get(name).await?;
+            Ok(p.status
+                .and_then(|s| s.conditions)
+                .into_iter()
+                .flatten()
+                .any(|c| {
+                    c.type_ == "PodScheduled"
+                        && c.status == "False"
+                        && c.reason.as_deref() == Some("Unschedulable")
+                })
+                .then_some(()))
         })
         .await
         .unwrap();

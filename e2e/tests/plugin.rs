@@ -318,6 +318,20 @@ async fn kubectl_gpu_defrag_shows_status_report_and_plan() {
     );
     assert!(pool.fenced(&client).await.unwrap().is_empty());
 
+    // plan --for runs the operator's own served-pod checks: a pending 4-GPU pod that fits
+    // nowhere, under a policy without demand runs, is not served, and no move is shown.
+    c.pending_pod("wait-4gpu", 4).await;
+    let key = format!("{name}/wait-4gpu");
+    let preview = kubectl.ok(&["gpu-defrag", "plan", &name, "--for", &key]);
+    eprintln!("$ kubectl gpu-defrag plan {name} --for {key}\n{preview}");
+    assert!(
+        preview.contains("would not be served: demand runs are off in this policy"),
+        "{preview}"
+    );
+    let preview = kubectl.json(&["gpu-defrag", "plan", &name, "--for", &key, "-o", "json"]);
+    assert_eq!(preview["outcome"], json!("NotServed"), "{preview:#}");
+    assert_eq!(preview["evictions"], json!(0), "{preview:#}");
+
     delete_policy(&client, &name).await.unwrap();
     delete_policy(&client, &bad).await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);

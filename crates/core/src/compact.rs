@@ -264,11 +264,14 @@ fn constraints_of(
         resources: other_requests(spec),
         ..Constraints::default()
     };
-    for ctr in spec
-        .containers
+    // The app containers' and the sidecars' (restartable init containers): a plain init
+    // container's ports are not held while the pod runs (kube-scheduler's NodePorts).
+    let sidecars = spec
+        .init_containers
         .iter()
-        .chain(spec.init_containers.iter().flatten())
-    {
+        .flatten()
+        .filter(|c| c.restart_policy.as_deref() == Some("Always"));
+    for ctr in spec.containers.iter().chain(sidecars) {
         for port in ctr.ports.iter().flatten() {
             if let Some(hp) = port.host_port.filter(|p| *p > 0) {
                 c.host_ports.push(HostPort {

@@ -704,6 +704,11 @@ pub struct LabelSelector {
 }
 
 impl LabelSelector {
+    /// No label and no expression.
+    pub fn is_empty(&self) -> bool {
+        self.match_labels.is_empty() && self.match_expressions.is_empty()
+    }
+
     /// Whether `labels` satisfy the selector. An empty selector matches everything.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         self.match_labels

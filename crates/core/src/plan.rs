@@ -1605,7 +1605,8 @@ fn prepare<'a>(
     if policy.from_pending {
         // A pod the scheduler has nominated a node for is being served there already.
         st.pending = frag::unplaceable_pending(cluster, &st.cap, &policy.scope);
-        st.pending.retain(|&pi| cluster.pods[pi].nominated.is_none());
+        st.pending
+            .retain(|&pi| cluster.pods[pi].nominated.is_none());
     }
 
     Prepared {

@@ -52,7 +52,9 @@ pub enum Filter {
 }
 
 impl Filter {
-    /// The kube-scheduler plugin name (GPUs: `Gpus`).
+    /// The kube-scheduler plugin name, but for two parts of plugins told apart here:
+    /// `Gpus` (the GPU part of NodeResourcesFit, through the allocation adapters) and
+    /// `InterPodAntiAffinity` (the anti-affinity part of InterPodAffinity).
     pub fn as_str(self) -> &'static str {
         match self {
             Filter::NodeName => "NodeName",

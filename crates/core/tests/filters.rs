@@ -804,3 +804,76 @@ mod properties {
         }
     }
 }
+
+/// Found by the differential test against the real scheduler: with two affinity terms,
+/// each term's domain must hold a pod that matches *both* terms; two pods matching one
+/// term each do not satisfy it.
+#[test]
+fn several_affinity_terms_need_one_pod_matching_all_of_them() {
+    let zone = "topology.kubernetes.io/zone";
+    let two_terms = json!({"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": zone},
+        {"labelSelector": {"matchLabels": {"group": "g1"}}, "topologyKey": zone}]}}});
+    let c = cluster(
+        vec![
+            node("a1", json!({zone: "a"}), json!({})),
+            node("b1", json!({zone: "b"}), json!({})),
+        ],
+        vec![
+            pod(
+                "ml",
+                "web",
+                json!({"app": "web", "group": "g2"}),
+                0,
+                Some("a1"),
+                json!({}),
+            ),
+            pod(
+                "ml",
+                "cache",
+                json!({"app": "cache", "group": "g1"}),
+                0,
+                Some("a1"),
+                json!({}),
+            ),
+            pod(
+                "ml",
+                "both",
+                json!({"app": "web", "group": "g1"}),
+                0,
+                Some("b1"),
+                json!({}),
+            ),
+            pod("ml", "p", json!({"app": "x"}), 1, None, two_terms),
+        ],
+    );
+    assert_eq!(refused_by(&c, "ml/p", "a1"), Filter::InterPodAffinity);
+    assert!(fits(&c, "ml/p", "b1"));
+}
+
+/// An empty spread selector counts no pod (the pod itself still matches it): it never
+/// refuses a node, as in kube-scheduler.
+#[test]
+fn an_empty_spread_selector_counts_no_pod() {
+    let zone = "topology.kubernetes.io/zone";
+    let c = cluster(
+        vec![
+            node("a1", json!({zone: "a"}), json!({})),
+            node("b1", json!({zone: "b"}), json!({})),
+        ],
+        vec![
+            pod("s", "r1", json!({"app": "s"}), 1, Some("a1"), json!({})),
+            pod("s", "r2", json!({"app": "s"}), 1, Some("a1"), json!({})),
+            pod(
+                "s",
+                "new",
+                json!({"app": "s"}),
+                1,
+                None,
+                json!({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": zone,
+                    "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {}}]}),
+            ),
+        ],
+    );
+    assert!(fits(&c, "s/new", "a1"));
+}

@@ -1399,7 +1399,14 @@ mod demand {
         untried.unschedulable_since = None;
         let mut pvc = pending("ml", "pvc", 8, 0);
         pvc.pvc = true;
-        for p in [nominated, fresh, other, untried, pvc, pending("ml", "old", 8, 0)] {
+        for p in [
+            nominated,
+            fresh,
+            other,
+            untried,
+            pvc,
+            pending("ml", "old", 8, 0),
+        ] {
             c.pods.push(p);
         }
         let c = finish(c);

@@ -51,9 +51,10 @@ pub struct Incoming<'a> {
     existing_anti: HashSet<(String, String)>,
     /// Same, where the holder's namespaces cannot be read: unknown there.
     existing_anti_unread: HashSet<(String, String)>,
-    /// Its affinity terms: (topology key, domains with a matching pod).
+    /// Its affinity terms: (topology key, domains with a pod that matches every term).
     affinity: Vec<(String, HashSet<String>)>,
-    /// No pod anywhere matches any of its affinity terms, and it matches them all itself:
+    /// No pod anywhere (on a node with the terms' keys) matches all its affinity terms,
+    /// and it matches them all itself:
     /// the first of a group may go anywhere its topology keys exist.
     first_of_group: bool,
     /// Its anti-affinity terms: (topology key, domains with a matching pod).
@@ -121,11 +122,36 @@ impl<'a> Incoming<'a> {
             }
             out
         };
+        // Affinity counts only the pods that match *every* affinity term of the pod (as
+        // kube-scheduler does): each term's domain must hold such a pod, not just a pod
+        // matching that term alone.
         inc.affinity = cs
             .affinity
             .iter()
-            .map(|t| (t.topology_key.clone(), domains_of(t)))
+            .map(|t| (t.topology_key.clone(), HashSet::new()))
             .collect();
+        if let Some(first) = cs.affinity.first() {
+            for list in candidates(occ, &first.namespaces) {
+                for &q in list {
+                    let Some(m) = occ.node_of(q).filter(|_| q != pod) else {
+                        continue;
+                    };
+                    let other = &c.pods[q];
+                    if !cs
+                        .affinity
+                        .iter()
+                        .all(|t| term_matches(t, other) == Some(true))
+                    {
+                        continue;
+                    }
+                    for (t, (_, domains)) in cs.affinity.iter().zip(inc.affinity.iter_mut()) {
+                        if let Some(v) = c.nodes[m].labels.get(&t.topology_key) {
+                            domains.insert(v.clone());
+                        }
+                    }
+                }
+            }
+        }
         inc.first_of_group = !cs.affinity.is_empty()
             && inc.affinity.iter().all(|(_, d)| d.is_empty())
             && cs.affinity.iter().all(|t| term_matches(t, p) == Some(true));
@@ -217,9 +243,11 @@ fn spread_counts(
         }
         let Some(m) = occ.node_of(q) else { continue };
         for (i, s) in cons.iter().enumerate() {
+            // An empty selector counts no pod (kube-scheduler's countPodsMatchSelector),
+            // though the pod itself matches it.
             if s.selector
                 .as_ref()
-                .is_some_and(|sel| sel.matches(&c.pods[q].labels))
+                .is_some_and(|sel| !sel.is_empty() && sel.matches(&c.pods[q].labels))
             {
                 *per_node[i].entry(m).or_default() += 1;
             }
