@@ -162,6 +162,7 @@ fn requirement_matches(r: &NodeSelectorRequirement, node: &Node) -> bool {
 
 /// NodeAffinity: the node selector and the required node affinity (an empty term matches
 /// no node, as in Kubernetes), and the GPU model the pod asks for.
+#[inline]
 pub fn node_affinity_allows(pod: &Pod, node: &Node) -> bool {
     pod.node_selector
         .iter()
@@ -175,6 +176,7 @@ pub fn node_affinity_allows(pod: &Pod, node: &Node) -> bool {
 }
 
 /// TaintToleration: every `NoSchedule` / `NoExecute` taint tolerated.
+#[inline]
 pub fn taints_tolerated(pod: &Pod, node: &Node) -> bool {
     node.taints
         .iter()
@@ -184,6 +186,7 @@ pub fn taints_tolerated(pod: &Pod, node: &Node) -> bool {
 
 /// The node rules of [`fit`] (NodeUnschedulable, NodeAffinity, TaintToleration), no
 /// resources: the first that says no.
+#[inline]
 pub fn node_rules(pod: &Pod, node: &Node) -> Result<(), Filter> {
     if !node.ready || node.unschedulable {
         return Err(Filter::NodeUnschedulable);
@@ -244,6 +247,7 @@ fn pick_with(
 /// A node whose GPU use is not fully known (a pod with an unknown allocation, or records
 /// that contradict each other) never takes a GPU pod: its free capacity cannot be trusted,
 /// and a tenant's fake record must not draw other tenants' pods onto it.
+#[inline]
 pub fn gpus_fit(pod: &Pod, node: &Node, free: &[Milli]) -> Option<Vec<usize>> {
     let Some(shape) = pod.shape.filter(|s| s.gpus > 0) else {
         return Some(Vec::new());
@@ -407,6 +411,7 @@ pub fn fit(c: &Cluster, occ: &Occupancy, pod: usize, n: usize, free: Free<'_>) -
 
 /// The part of [`fit`] every pod has (no inter-pod constraint): node rules, resources,
 /// GPUs, host ports.
+#[inline]
 fn own_fit(c: &Cluster, occ: &Occupancy, pod: usize, n: usize, free: Free<'_>) -> Fit {
     let p = &c.pods[pod];
     let node = &c.nodes[n];
@@ -417,18 +422,20 @@ fn own_fit(c: &Cluster, occ: &Occupancy, pod: usize, n: usize, free: Free<'_>) -
     if let Err(f) = node_rules(p, node) {
         return Fit::No(f);
     }
-    let cs = p.constraints();
+    let cs = p.constraints.as_deref();
     if p.cpu > free.cpu
         || p.mem > free.mem
         || free.pods == 0
-        || !other_resources_fit(&cs.resources, &node.extra_alloc, &occ.extra_used[n])
+        || cs.is_some_and(|cs| {
+            !other_resources_fit(&cs.resources, &node.extra_alloc, &occ.extra_used[n])
+        })
     {
         return Fit::No(Filter::NodeResourcesFit);
     }
     let Some(devs) = gpus_fit(p, node, free.gpus) else {
         return Fit::No(Filter::Gpus);
     };
-    if !ports_free(c, occ, pod, &cs.host_ports, n) {
+    if cs.is_some_and(|cs| !ports_free(c, occ, pod, &cs.host_ports, n)) {
         return Fit::No(Filter::NodePorts);
     }
     Fit::Fits(devs)

@@ -60,6 +60,9 @@ pub struct Incoming<'a> {
     /// Its anti-affinity terms: (topology key, domains with a matching pod).
     anti: Vec<(String, HashSet<String>)>,
     spread: Vec<Spread>,
+    /// Nothing beyond its own requests to check (no inter-pod constraint of its own, no
+    /// placed pod's anti-affinity against it, nothing unknown).
+    simple: bool,
 }
 
 impl<'a> Incoming<'a> {
@@ -78,6 +81,7 @@ impl<'a> Incoming<'a> {
             first_of_group: false,
             anti: Vec::new(),
             spread: Vec::new(),
+            simple: false,
         };
         // Existing pods' required anti-affinity against this pod.
         for &h in &occ.holders {
@@ -103,6 +107,9 @@ impl<'a> Incoming<'a> {
             }
         }
         if inc.unknown.is_some() || !cs.inter_pod() {
+            inc.simple = inc.unknown.is_none()
+                && inc.existing_anti.is_empty()
+                && inc.existing_anti_unread.is_empty();
             return inc;
         }
         let domains_of = |term: &PodAffinityTerm| -> HashSet<String> {
@@ -169,7 +176,7 @@ impl<'a> Incoming<'a> {
     /// The verdict on node `n` with `free` free there now.
     pub fn fit(&self, n: usize, free: Free<'_>) -> Fit {
         let own = own_fit(self.c, self.occ, self.pod, n, free);
-        if !own.fits() {
+        if !own.fits() || self.simple {
             return own;
         }
         if let Some(u) = &self.unknown {
