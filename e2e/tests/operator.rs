@@ -40,6 +40,55 @@ use kube::{
 };
 use serde_json::{Value, json};
 
+/// An operator whose Lease namespace does not exist says so in one line, with the fix,
+/// within 10 s of its start, and does not say it again while nothing changes.
+#[tokio::test]
+async fn a_missing_lease_namespace_is_said_once_with_the_fix() {
+    let c = Case::new("nolease", 1, 1).await;
+    let absent = format!("{}-absent", c.name());
+    let mut op = Operator::start(
+        c.cluster,
+        c.name(),
+        &["--leader-elect", "--lease-namespace", &absent],
+    )
+    .await
+    .unwrap();
+    let since_start = || {
+        let text = std::fs::read_to_string(op.log()).unwrap_or_default();
+        let from = text.rfind("=== e2e: starting").unwrap_or(0);
+        text[from..].to_string()
+    };
+    let said = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.contains("cannot lead"))
+            .map(str::to_string)
+            .collect()
+    };
+    let deadline = op.started() + Duration::from_secs(10);
+    while said(&since_start()).is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let lines = said(&since_start());
+    assert_eq!(lines.len(), 1, "one line within 10 s:\n{}", op.log_tail(20));
+    assert!(
+        lines[0].contains(&format!("kubectl create namespace {absent}"))
+            && lines[0].contains("--lease-namespace"),
+        "the line says how to fix it: {}",
+        lines[0]
+    );
+    // Three more attempts (every 5 s): still one line.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    op.ensure_running().unwrap();
+    assert_eq!(
+        said(&since_start()).len(),
+        1,
+        "said again:\n{}",
+        op.log_tail(20)
+    );
+    op.kill();
+    c.cleanup(&[]).await;
+}
+
 /// DryRun: fragmentation and a plan checked server-side are published; nothing evicted,
 /// nothing fenced. This operator also runs with leader election (the Lease Role of
 /// config/rbac/leader_election_role.yaml bound in the test namespace).

@@ -37,6 +37,27 @@ use tracing::{info, warn};
 
 use crate::objects::ts;
 
+/// An API error as one line a person can read: `HTTP 404 NotFound: namespaces "x" not
+/// found` for an answer of the API server, the error's own message (newlines folded) for
+/// anything else (no answer, a decoding failure).
+pub fn error_line(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => {
+            let reason = if s.reason.is_empty() {
+                "Failure"
+            } else {
+                s.reason.as_str()
+            };
+            format!("HTTP {} {reason}: {}", s.code, s.message.trim())
+        }
+        other => other
+            .to_string()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" "),
+    }
+}
+
 // === stats ===
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -477,6 +498,26 @@ pub fn client(config: kube::Config, limit: RateLimit) -> anyhow::Result<kube::Cl
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_api_error_is_one_line_with_code_reason_and_message() {
+        let e = kube::Error::Api(Box::new(kube::core::Status {
+            code: 404,
+            reason: "NotFound".into(),
+            message: "namespaces \"gpu-defrag-system\" not found".into(),
+            ..Default::default()
+        }));
+        assert_eq!(
+            error_line(&e),
+            "HTTP 404 NotFound: namespaces \"gpu-defrag-system\" not found"
+        );
+        let wrapped = crate::context::Error::Kube(e).to_string();
+        assert_eq!(
+            wrapped,
+            "kubernetes API: HTTP 404 NotFound: namespaces \"gpu-defrag-system\" not found"
+        );
+        assert!(!wrapped.contains("Status {"), "no Debug dump: {wrapped}");
+    }
     use http::Method;
 
     #[test]

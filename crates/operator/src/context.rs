@@ -45,7 +45,7 @@ pub const STATUS_WRITE_TIMEOUT: Duration = Duration::from_secs(20);
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The API server refused or failed a request.
-    #[error("kubernetes API: {0}")]
+    #[error("kubernetes API: {}", crate::apiclient::error_line(.0))]
     Kube(#[from] kube::Error),
     /// Status could not be serialised.
     #[error("serialising status: {0}")]
@@ -194,7 +194,7 @@ impl Events {
         match self.recorder.publish(&ev, policy).await {
             Ok(()) => true,
             Err(e) => {
-                warn!(error = %e, reason = reason.as_str(), "could not publish event");
+                warn!(error = %crate::apiclient::error_line(&e), reason = reason.as_str(), "could not publish event");
                 false
             }
         }

@@ -187,7 +187,7 @@ impl Landing {
                 true
             }
             Err(e) => {
-                warn!(workload = %key, error = %e, "could not list the workload for landing control; its replacement is not held");
+                warn!(workload = %key, error = %crate::apiclient::error_line(&e), "could not list the workload for landing control; its replacement is not held");
                 self.settle(evicted_uid);
                 false
             }
@@ -300,7 +300,7 @@ impl Landing {
             && due
             && let Err(e) = self.sync().await
         {
-            warn!(error = %e, retry_in = ?SYNC_RETRY, "could not write the landing ConfigMap");
+            warn!(error = %crate::apiclient::error_line(&e), retry_in = ?SYNC_RETRY, "could not write the landing ConfigMap");
         }
         let held = self.held(pods);
         let sweep = !std::mem::replace(&mut self.state().swept, true);
@@ -416,7 +416,7 @@ impl Landing {
             Ok(_) => true,
             Err(kube::Error::Api(s)) if s.code == 404 => true,
             Err(e) => {
-                warn!(pod = %format!("{namespace}/{name}"), error = %e, "could not clear the nomination of a held pod; the scheduler clears it at its next failed attempt");
+                warn!(pod = %format!("{namespace}/{name}"), error = %crate::apiclient::error_line(&e), "could not clear the nomination of a held pod; the scheduler clears it at its next failed attempt");
                 false
             }
         }
@@ -445,7 +445,7 @@ impl Landing {
                 Nomination::Bound
             }
             Err(e) => {
-                warn!(pod = %format!("{namespace}/{name}"), node = %node, error = %e, "could not nominate the {what}; it is scheduled un-nominated");
+                warn!(pod = %format!("{namespace}/{name}"), node = %node, error = %crate::apiclient::error_line(&e), "could not nominate the {what}; it is scheduled un-nominated");
                 Nomination::Failed
             }
         }
@@ -466,7 +466,7 @@ impl Landing {
             Ok(_) => true,
             Err(kube::Error::Api(s)) if s.code == 404 => true,
             Err(e) => {
-                warn!(pod = %p.key(), error = %e, "could not remove the landing gate");
+                warn!(pod = %p.key(), error = %crate::apiclient::error_line(&e), "could not remove the landing gate");
                 false
             }
         }
@@ -479,7 +479,7 @@ impl Landing {
         if leader.is_leader()
             && let Err(e) = self.sync().await
         {
-            warn!(error = %e, "could not empty the landing ConfigMap on shutdown");
+            warn!(error = %crate::apiclient::error_line(&e), "could not empty the landing ConfigMap on shutdown");
         }
         for p in self.held(pods) {
             self.release(&p).await;

@@ -205,11 +205,34 @@ fn observe(
 
 // === LeaderElector ===
 
+/// What a failed acquire or renew of the Lease `namespace/name` means for the user, in one
+/// line with the fix: the namespace missing (404), no permission (403), or the API error.
+pub fn cannot_lead(namespace: &str, name: &str, e: &kube::Error) -> String {
+    let api = crate::apiclient::error_line(e);
+    let fix_ns = format!(
+        "create it (kubectl create namespace {namespace}; config/default does) or start with \
+         --lease-namespace naming an existing namespace (env POD_NAMESPACE)"
+    );
+    match e {
+        kube::Error::Api(s) if s.code == 404 => format!(
+            "cannot lead: the Lease namespace {namespace} does not exist ({api}); {fix_ns}; \
+             no policy is reconciled until then"
+        ),
+        kube::Error::Api(s) if s.code == 403 => format!(
+            "cannot lead: not allowed to read or write the Lease {namespace}/{name} ({api}); \
+             if the namespace does not exist, {fix_ns}; otherwise bind the Role of \
+             config/rbac/leader_election_role.yaml there; no policy is reconciled until then"
+        ),
+        _ => format!("cannot lead: the Lease {namespace}/{name}: {api}; retrying"),
+    }
+}
+
 /// Lease-based leader election. Clone it before [`LeaderElector::run`] to keep a handle for
 /// [`LeaderElector::release`].
 #[derive(Clone)]
 pub struct LeaderElector {
     api: Api<Lease>,
+    namespace: String,
     name: String,
     identity: String,
     lease_duration: Duration,
@@ -254,6 +277,7 @@ impl LeaderElector {
             .max(Duration::from_millis(100));
         Self {
             api: Api::namespaced(client, namespace),
+            namespace: namespace.to_string(),
             name: name.to_string(),
             identity: identity.to_string(),
             lease_duration,
@@ -281,6 +305,8 @@ impl LeaderElector {
         let mut observed: Option<Observation> = None;
         let renew_deadline = self.lease_duration - self.renew_every;
         let mut was_leader = false;
+        // The last failure said, so that one that repeats every tick is said once.
+        let mut said: Option<String> = None;
         while !self.stopped() {
             let started = Instant::now();
             let budget = self.renew_every.max(Duration::from_secs(1));
@@ -304,15 +330,32 @@ impl LeaderElector {
                 }
                 Ok(Err(error)) => {
                     state.step_down();
-                    tracing::warn!(lease = %self.name, %error, "lease acquire/renew failed");
+                    let line = cannot_lead(&self.namespace, &self.name, &error);
+                    if said.as_deref() != Some(line.as_str()) {
+                        tracing::error!(lease = %self.name, namespace = %self.namespace, "{line}");
+                        said = Some(line);
+                    } else {
+                        tracing::debug!(lease = %self.name, "{line}");
+                    }
                     false
                 }
                 Err(_) => {
                     state.step_down();
-                    tracing::warn!(lease = %self.name, timeout = ?budget, "lease acquire/renew timed out");
+                    let line = format!(
+                        "cannot lead: the Lease {}/{} got no answer within {budget:?}; \
+                         retrying every {:?}",
+                        self.namespace, self.name, self.renew_every
+                    );
+                    if said.as_deref() != Some(line.as_str()) {
+                        tracing::warn!(lease = %self.name, "{line}");
+                        said = Some(line);
+                    }
                     false
                 }
             };
+            if leader {
+                said = None;
+            }
             if leader != was_leader {
                 if leader {
                     tracing::info!(lease = %self.name, identity = %self.identity, "became leader");
@@ -352,7 +395,9 @@ impl LeaderElector {
         match result {
             Ok(Ok(true)) => tracing::info!(lease = %self.name, "released the lease"),
             Ok(Ok(false)) => {}
-            Ok(Err(error)) => tracing::warn!(lease = %self.name, %error, "lease release failed"),
+            Ok(Err(error)) => {
+                tracing::warn!(lease = %self.name, error = %crate::apiclient::error_line(&error), "lease release failed")
+            }
             Err(_) => tracing::warn!(lease = %self.name, "lease release timed out"),
         }
     }
@@ -517,6 +562,48 @@ mod tests {
 
     fn ts(secs: i64) -> Timestamp {
         Timestamp::from_second(1_700_000_000 + secs).unwrap()
+    }
+
+    fn api_error(code: u16, reason: &str, message: &str) -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status {
+            code,
+            reason: reason.into(),
+            message: message.into(),
+            ..Default::default()
+        }))
+    }
+
+    #[test]
+    fn a_missing_namespace_or_permission_is_one_line_with_the_fix() {
+        let missing = cannot_lead(
+            "gpu-defrag-system",
+            "gpu-defrag",
+            &api_error(
+                404,
+                "NotFound",
+                "namespaces \"gpu-defrag-system\" not found\n",
+            ),
+        );
+        assert_eq!(
+            missing,
+            "cannot lead: the Lease namespace gpu-defrag-system does not exist (HTTP 404 \
+             NotFound: namespaces \"gpu-defrag-system\" not found); create it (kubectl create \
+             namespace gpu-defrag-system; config/default does) or start with --lease-namespace \
+             naming an existing namespace (env POD_NAMESPACE); no policy is reconciled until then"
+        );
+        let forbidden = cannot_lead(
+            "ops",
+            "gpu-defrag",
+            &api_error(403, "Forbidden", "leases.coordination.k8s.io is forbidden"),
+        );
+        assert!(forbidden.contains("not allowed"), "{forbidden}");
+        assert!(
+            forbidden.contains("leader_election_role.yaml"),
+            "{forbidden}"
+        );
+        for line in [&missing, &forbidden] {
+            assert!(!line.contains('\n'), "{line}");
+        }
     }
 
     fn spec(holder: Option<&str>, renew: Option<i64>, secs: Option<i32>) -> LeaseSpec {

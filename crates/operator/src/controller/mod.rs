@@ -325,7 +325,9 @@ async fn sweep_orphan_fences(ctx: Arc<Ctx>) {
                         Err(e) => warn!(error = %e, "could not remove fences of deleted policies"),
                     }
                 }
-                Err(e) => warn!(error = %e, "could not list policies for the fence sweep"),
+                Err(e) => {
+                    warn!(error = %crate::apiclient::error_line(&e), "could not list policies for the fence sweep")
+                }
             }
             tokio::time::sleep(ORPHAN_SWEEP_EVERY).await;
         } else {
