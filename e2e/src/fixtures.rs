@@ -21,7 +21,21 @@ pub const FAKE_IMAGE: &str = "registry.invalid/gpu-defrag/fake-gpu-workload:late
 
 /// Polls `probe` every 200 ms until it returns `Ok(Some(_))`, for at most `timeout`.
 /// Errors from `probe` are retried; the last one is reported on timeout.
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> Result<T>
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, probe: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>>>,
+{
+    wait_for_every(what, timeout, Duration::from_millis(200), probe).await
+}
+
+/// [`wait_for`], polling every `every`.
+pub async fn wait_for_every<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    every: Duration,
+    mut probe: F,
+) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Option<T>>>,
@@ -41,7 +55,7 @@ where
                 None => anyhow!(msg),
             });
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(every).await;
     }
 }
 

@@ -34,17 +34,19 @@
 
 use std::{
     collections::BTreeMap,
-    future::Future,
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, bail};
 use gpu_defrag_core::{
     frag::Capacity,
     ingest::{Objects, build_cluster},
     sched::{self, Filter, Fit, Occupancy},
 };
-use gpu_defrag_e2e::{ClusterOptions, GpuNodes, TestCluster, fixtures::FAKE_IMAGE};
+use gpu_defrag_e2e::{
+    ClusterOptions, GpuNodes, TestCluster,
+    fixtures::{FAKE_IMAGE, wait_for_every},
+};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
     Api, Client,
@@ -691,29 +693,6 @@ impl Scenario {
 
 // === the cluster side ===
 
-/// Polls `probe` every [`POLL`] until it returns `Ok(Some(_))`, for at most `timeout`;
-/// errors are retried, the last one is reported on timeout.
-async fn poll<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Option<T>>>,
-{
-    let deadline = Instant::now() + timeout;
-    let mut last = None;
-    loop {
-        match probe().await {
-            Ok(Some(v)) => return Ok(v),
-            Ok(None) => {}
-            Err(e) => last = Some(e),
-        }
-        if Instant::now() >= deadline {
-            let msg = format!("timed out after {timeout:?} waiting for {what}");
-            return Err(last.map_or_else(|| anyhow!(msg.clone()), |e| e.context(msg.clone())));
-        }
-        tokio::time::sleep(POLL).await;
-    }
-}
-
 fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
@@ -766,9 +745,10 @@ async fn tear_down(client: &Client, ns: &str, sc: &Scenario) -> Result<()> {
         ..Default::default()
     };
     pods.delete_collection(&now, &ListParams::default()).await?;
-    poll(
+    wait_for_every(
         "the scenario's pods to go",
         Duration::from_secs(60),
+        POLL,
         || async {
             Ok(pods
                 .list(&ListParams::default())
@@ -787,9 +767,10 @@ async fn tear_down(client: &Client, ns: &str, sc: &Scenario) -> Result<()> {
             return Err(e.into());
         }
     }
-    poll(
+    wait_for_every(
         "the scenario's nodes to go",
         Duration::from_secs(60),
+        POLL,
         || async {
             Ok(nodes
                 .list(&ListParams::default())
@@ -843,9 +824,10 @@ async fn observe(pods: &Api<Pod>, pod: &Pod, node: &str) -> Result<Verdict> {
     pods.create(&PostParams::default(), pod)
         .await
         .with_context(|| format!("creating probe {name}"))?;
-    let decided = poll(
+    let decided = wait_for_every(
         &format!("the scheduler's verdict on {name}"),
         VERDICT_TIMEOUT,
+        POLL,
         || async {
             let p = pods.get(&name).await?;
             let bound = p.spec.as_ref().and_then(|s| s.node_name.clone());
@@ -862,7 +844,7 @@ async fn observe(pods: &Api<Pod>, pod: &Pod, node: &str) -> Result<Verdict> {
     {
         return Err(e.into());
     }
-    poll(&format!("{name} to go"), VERDICT_TIMEOUT, || async {
+    wait_for_every(&format!("{name} to go"), VERDICT_TIMEOUT, POLL, || async {
         match pods.get(&name).await {
             Err(e) if is_not_found(&e) => Ok(Some(())),
             Err(e) => Err(e.into()),

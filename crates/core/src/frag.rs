@@ -437,7 +437,7 @@ pub fn unplaceable_pending(cluster: &Cluster, cap: &Capacity, scope: &Scope) -> 
             let inc = sched::Incoming::new(cluster, &occ, pi);
             (0..cluster.nodes.len()).any(|i| inc.fit(i, cap.at(i)).fits())
         };
-        let placeable = if p.constraints().inter_pod() || !occ_free_of_holders(&occ) {
+        let placeable = if p.constraints().inter_pod() || occ.has_anti_affinity() {
             anywhere()
         } else {
             let key = format!(
@@ -460,12 +460,6 @@ pub fn unplaceable_pending(cluster: &Cluster, cap: &Capacity, scope: &Scope) -> 
         }
     }
     out
-}
-
-/// Whether no placed pod has required anti-affinity (then a pod's labels do not change
-/// where it fits).
-fn occ_free_of_holders(occ: &sched::Occupancy) -> bool {
-    !occ.has_anti_affinity()
 }
 
 /// A pod holding GPUs that stayed idle over the lookback window ([`Activity::is_idle`]).

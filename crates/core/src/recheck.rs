@@ -63,11 +63,12 @@ pub fn recheck(
     now: DateTime<Utc>,
     history: &History,
 ) -> Result<(), Refusal> {
-    let pod = cluster
+    let pi = cluster
         .pods
         .iter()
-        .find(|p| p.key() == planned.pod && !p.phase.is_terminal())
+        .position(|p| p.key() == planned.pod && !p.phase.is_terminal())
         .ok_or(Refusal::Gone)?;
+    let pod = &cluster.pods[pi];
     if pod.uid != planned.uid {
         return Err(Refusal::Gone);
     }
@@ -86,26 +87,19 @@ pub fn recheck(
     // Its planned target first; the scheduler breaks ties between equally full nodes at
     // random, so a replacement that landed elsewhere than planned may have taken that room
     // while another node still has it.
-    let pi = cluster
-        .pods
-        .iter()
-        .position(|p| std::ptr::eq(p, pod))
-        .ok_or(Refusal::Gone)?;
     // Judged with the pod gone from its node, as its replacement would be placed.
     let mut occ = sched::Occupancy::of(cluster);
     occ.leave(cluster, pi);
     let inc = sched::Incoming::new(cluster, &occ, pi);
-    let fits = |n: &crate::model::Node| {
-        let Some(i) = cluster.node_index(&n.name) else {
-            return false;
-        };
+    let fits = |i: usize| {
+        let n = &cluster.nodes[i];
         let gpus = frag::free_of(n);
         inc.fit(i, sched::Free::of_node(n, &gpus)).fits()
     };
-    let target = cluster.node_index(planned.to).map(|i| &cluster.nodes[i]);
+    let target = cluster.node_index(planned.to);
     // Its own node counts only when the plan moves it there (a GPU drain).
-    let may_go = |n: &&crate::model::Node| n.name != planned.from || planned.to == planned.from;
-    if target.is_some_and(fits) || cluster.nodes.iter().filter(may_go).any(fits) {
+    let may_go = |i: &usize| cluster.nodes[*i].name != planned.from || planned.to == planned.from;
+    if target.is_some_and(fits) || (0..cluster.nodes.len()).filter(may_go).any(fits) {
         Ok(())
     } else {
         Err(Refusal::NoRoom)

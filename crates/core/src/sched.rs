@@ -267,11 +267,18 @@ pub fn gpus_fit(pod: &Pod, node: &Node, free: &[Milli]) -> Option<Vec<usize>> {
 /// Whether `pod` fits `node` as far as its own requests go (node rules, cpu, memory, pod
 /// slots, GPUs): the part of [`fit`] that needs no other pod. Returns its devices.
 pub fn fits(pod: &Pod, node: &Node, free: Free<'_>) -> Option<Vec<usize>> {
-    if node_rules(pod, node).is_err() || pod.cpu > free.cpu || pod.mem > free.mem || free.pods == 0
-    {
-        return None;
-    }
+    rules_and_core_resources(pod, node, free).ok()?;
     gpus_fit(pod, node, free.gpus)
+}
+
+/// The node rules, then cpu, memory and pod slots: what [`fits`] and [`fit`] check first.
+#[inline]
+fn rules_and_core_resources(pod: &Pod, node: &Node, free: Free<'_>) -> Result<(), Filter> {
+    node_rules(pod, node)?;
+    if pod.cpu > free.cpu || pod.mem > free.mem || free.pods == 0 {
+        return Err(Filter::NodeResourcesFit);
+    }
+    Ok(())
 }
 
 /// Who is where, for the filters that look beyond one pod's own requests: where each pod
@@ -419,17 +426,13 @@ fn own_fit(c: &Cluster, occ: &Occupancy, pod: usize, n: usize, free: Free<'_>) -
     if !p.is_active_bound() && p.node_name.as_deref().is_some_and(|x| x != node.name) {
         return Fit::No(Filter::NodeName);
     }
-    if let Err(f) = node_rules(p, node) {
+    if let Err(f) = rules_and_core_resources(p, node, free) {
         return Fit::No(f);
     }
     let cs = p.constraints.as_deref();
-    if p.cpu > free.cpu
-        || p.mem > free.mem
-        || free.pods == 0
-        || cs.is_some_and(|cs| {
-            !other_resources_fit(&cs.resources, &node.extra_alloc, &occ.extra_used[n])
-        })
-    {
+    if cs.is_some_and(|cs| {
+        !other_resources_fit(&cs.resources, &node.extra_alloc, &occ.extra_used[n])
+    }) {
         return Fit::No(Filter::NodeResourcesFit);
     }
     let Some(devs) = gpus_fit(p, node, free.gpus) else {

@@ -7,6 +7,8 @@ use gpu_defrag_core::model::Cluster;
 use gpu_defrag_core::sched::{self, Filter, Fit};
 use serde_json::{Value, json};
 
+mod common;
+
 fn node(name: &str, labels: Value, extra: Value) -> Value {
     let mut alloc = json!({"cpu": "16", "memory": "64Gi", "pods": "110", "nvidia.com/gpu": "8"});
     for (k, v) in extra.as_object().into_iter().flatten() {
@@ -593,46 +595,12 @@ mod properties {
     const NIC: &str = "example.com/nic";
 
     fn node(i: usize, nic: u64) -> Node {
-        let name = format!("n{i}");
-        Node {
-            labels: BTreeMap::from([
-                (HOST.to_string(), name.clone()),
-                (ZONE.to_string(), format!("z{}", i % 2)),
-            ]),
-            name,
-            taints: vec![],
-            ready: true,
-            unschedulable: false,
-            model: None,
-            scheme: Scheme::Plain,
-            granularity: Granularity::Node,
-            gpus: (0..4)
-                .map(|g| Gpu {
-                    key: g.to_string(),
-                    used: 0,
-                    healthy: true,
-                    memory_mib: None,
-                })
-                .collect(),
-            cpu_alloc: 64_000,
-            mem_alloc: 512 << 30,
-            pods_alloc: 110,
-            cpu_used: 0,
-            mem_used: 0,
-            pods_used: 0,
-            mig: vec![],
-            unknown_pods: 0,
-            inconsistent: None,
-            ready_since: None,
-            starting: None,
-            dra: vec![],
-            extra_alloc: if nic > 0 {
-                vec![(NIC.to_string(), nic * 1000)]
-            } else {
-                vec![]
-            },
-            extra_used: vec![],
+        let mut n = super::common::model_node(&format!("n{i}"), 4, Granularity::Node);
+        n.labels.insert(ZONE.to_string(), format!("z{}", i % 2));
+        if nic > 0 {
+            n.extra_alloc = vec![(NIC.to_string(), nic * 1000)];
         }
+        n
     }
 
     /// (node, gpus, app, anti: 0 none / 1 hostname / 2 zone, nic, host port)

@@ -9,47 +9,11 @@ use gpu_defrag_core::plan::{History, Plan, UnitKind, apply, plan, plan_with_acti
 use gpu_defrag_core::policy::{Policy, TargetShape};
 use proptest::prelude::*;
 
+mod common;
+use common::model_node as node;
+
 const OPT_OUT: &str = "gpu-defrag.io/do-not-disrupt";
 const KARPENTER_OPT_OUT: &str = "karpenter.sh/do-not-disrupt";
-
-fn node(name: &str, gpus: usize, granularity: Granularity) -> Node {
-    Node {
-        name: name.into(),
-        labels: BTreeMap::from([("kubernetes.io/hostname".to_string(), name.to_string())]),
-        taints: vec![],
-        ready: true,
-        unschedulable: false,
-        model: Some("H100".into()),
-        scheme: if granularity == Granularity::Device {
-            Scheme::Hami
-        } else {
-            Scheme::Plain
-        },
-        granularity,
-        gpus: (0..gpus)
-            .map(|g| Gpu {
-                key: g.to_string(),
-                used: 0,
-                healthy: true,
-                memory_mib: Some(81920),
-            })
-            .collect(),
-        cpu_alloc: 64_000,
-        mem_alloc: 512 << 30,
-        pods_alloc: 110,
-        cpu_used: 0,
-        mem_used: 0,
-        pods_used: 0,
-        mig: vec![],
-        unknown_pods: 0,
-        inconsistent: None,
-        ready_since: None,
-        starting: None,
-        dra: Vec::new(),
-        extra_alloc: Vec::new(),
-        extra_used: Vec::new(),
-    }
-}
 
 fn pod(ns: &str, name: &str, owner: &str) -> Pod {
     Pod {

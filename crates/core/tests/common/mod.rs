@@ -359,3 +359,52 @@ pub fn pod<'a>(c: &'a Cluster, key: &str) -> &'a Pod {
         .find(|p| p.key() == key)
         .unwrap_or_else(|| panic!("{key} not in the cluster"))
 }
+
+/// A model node (no Kubernetes object): `gpus` healthy H100s, HAMi at device granularity,
+/// plain at node granularity; 64 CPUs, 512 GiB, 110 pods; labelled with its hostname.
+pub fn model_node(
+    name: &str,
+    gpus: usize,
+    granularity: gpu_defrag_core::model::Granularity,
+) -> gpu_defrag_core::model::Node {
+    use gpu_defrag_core::model::*;
+    Node {
+        name: name.into(),
+        labels: std::collections::BTreeMap::from([(
+            "kubernetes.io/hostname".to_string(),
+            name.to_string(),
+        )]),
+        taints: vec![],
+        ready: true,
+        unschedulable: false,
+        model: Some("H100".into()),
+        scheme: if granularity == Granularity::Device {
+            Scheme::Hami
+        } else {
+            Scheme::Plain
+        },
+        granularity,
+        gpus: (0..gpus)
+            .map(|g| Gpu {
+                key: g.to_string(),
+                used: 0,
+                healthy: true,
+                memory_mib: Some(81920),
+            })
+            .collect(),
+        cpu_alloc: 64_000,
+        mem_alloc: 512 << 30,
+        pods_alloc: 110,
+        cpu_used: 0,
+        mem_used: 0,
+        pods_used: 0,
+        mig: vec![],
+        unknown_pods: 0,
+        inconsistent: None,
+        ready_since: None,
+        starting: None,
+        dra: Vec::new(),
+        extra_alloc: Vec::new(),
+        extra_used: Vec::new(),
+    }
+}
