@@ -15,6 +15,7 @@ pub mod model;
 pub mod plan;
 pub mod policy;
 pub mod recheck;
+pub mod run;
 pub mod sched;
 pub mod snapshot;
 pub mod windows;

@@ -17,17 +17,17 @@ pub mod fences;
 pub mod outcome;
 pub mod waits;
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use gpu_defrag_api::v1alpha1::{DefragPolicy, InFlightEviction, RunRecord};
 use gpu_defrag_api::values::RunResult;
-use gpu_defrag_core::compact::CompactPod;
 use gpu_defrag_core::frag;
 use gpu_defrag_core::plan::{Move, Skip};
 use gpu_defrag_core::policy::Policy;
 use gpu_defrag_core::recheck::{Planned, Refusal, recheck};
+use gpu_defrag_core::run::{self, Fate, Hold, HoldStep, Limits, RunState, Verdict};
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
@@ -43,7 +43,7 @@ use crate::status;
 use evictor::{EvictionResult, Evictor};
 use fences::Fences;
 use outcome::Stop;
-use waits::{POLL, Wait, Waits, Workload};
+use waits::{Looker, POLL, Wait, Workload};
 
 /// How a run starts: a window run (new or resumed) or a demand run.
 pub enum Start {
@@ -144,6 +144,7 @@ async fn run(
 }
 
 /// The steps of [`run`].
+#[tracing::instrument(name = "run", skip_all, fields(policy = %dp.name_any()))]
 async fn run_steps(
     ctx: Arc<Ctx>,
     dp: Arc<DefragPolicy>,
@@ -155,7 +156,8 @@ async fn run_steps(
     let (mut run, steps) = Run::plan(ctx, dp, policy, window_end, how, stop).await;
     // 1. Record first, so a restart can resume or clean up.
     run.record_start(&steps).await?;
-    // 2. Fence. 3–5. Evict, pace, wait. A step that fails takes the fences back first.
+    // 2. Fence. 3–5. Evict, pace, wait; moves in flight finish, even after the window
+    // closed (not after a stop request). A step that fails takes the fences back first.
     let mut stop = match run.fence_and_evict(&steps).await {
         Ok(stop) => stop,
         Err(e) => {
@@ -170,13 +172,11 @@ async fn run_steps(
         info!(policy = %run.name, "lost leadership; leaving the run to the new leader");
         return Ok(());
     }
-    // Moves in flight finish, even after the window closed (not after a stop request).
-    run.finish_in_flight(&mut stop).await;
     // 6. Nominate the queued pods onto the nodes emptied for them while the fences still
     // keep every other pod off, unfence, record. A demand run nominates each served pod
     // onto its room and holds it there until the pod binds.
     let demand = run.rec.demand.is_some();
-    let room_made = stop.is_none() && run.given_up.is_empty();
+    let room_made = stop.is_none() && !run.state.gave_up();
     if demand && room_made {
         run.nominate_rooms().await;
     } else if !matches!(stop, Some(Stop::Requested(_))) && !demand {
@@ -196,12 +196,19 @@ async fn run_steps(
     run.record_end(stop).await
 }
 
-/// One planned eviction as the run takes it: the move, the pod's UID and workload when
-/// the plan was made.
+/// Sleeps until the next look at the caches: a poll, or `until` when that is sooner.
+async fn pause(until: Option<DateTime<Utc>>) {
+    let left = until
+        .and_then(|u| (u - Utc::now()).to_std().ok())
+        .unwrap_or(POLL);
+    tokio::time::sleep(left.min(POLL)).await;
+}
+
+/// One planned eviction as the run takes it: the move and the pod's UID when the plan was
+/// made.
 struct Step {
     m: Move,
     uid: String,
-    workload: Option<Workload>,
 }
 
 /// The state of a run in progress.
@@ -210,7 +217,6 @@ struct Run {
     dp: Arc<DefragPolicy>,
     name: String,
     policy: Policy,
-    window_end: DateTime<Utc>,
     resumed: bool,
     started: tokio::time::Instant,
     /// The record in `status.activeRun`.
@@ -220,12 +226,18 @@ struct Run {
     /// Why the plan was cut to fit the record, if it was.
     cut: Option<String>,
     fences: Fences,
-    waits: Waits,
+    /// The run's decisions: what to send, what is in flight, when it stops.
+    state: RunState<Wait>,
+    /// How long a replacement may take (`rescheduleTimeout`, at least 5 s).
+    timeout: std::time::Duration,
+    /// How long a resumed eviction may still take effect ([`waits::NOT_EVICTED_AFTER`]).
+    not_evicted_after: std::time::Duration,
+    /// The pod of the planned eviction last judged safe, with its workload.
+    current: Option<(Arc<CachedPod>, Workload)>,
+    /// `skipped` of the record when the run (re)started.
+    skipped_before: i64,
     evictor: Evictor,
     stop: StopRequest,
-    /// Drain units (batches) given up: one of their evictions was refused or no longer
-    /// safe, so the rest of them is not sent (a unit frees nothing half drained).
-    given_up: BTreeSet<usize>,
     /// UIDs of the GPU pods Pending when the run started: the queue it came to serve.
     /// Capacity they take is benefit realised, so the verdict on the forecast leaves them
     /// out. `None` for a resumed run (no verdict then).
@@ -326,7 +338,8 @@ impl Run {
         }
         let fences = Fences::of_run(&rec, &plan);
         fences.record(&mut rec);
-        let steps = plan
+        let mut planned = Vec::with_capacity(plan.moves.len());
+        let steps: Vec<Step> = plan
             .moves
             .into_iter()
             .map(|m| {
@@ -338,28 +351,39 @@ impl Run {
                     .get(m.pod_index)
                     .filter(|p| p.key() == m.pod)
                     .or_else(|| obs.cluster.pods.iter().find(|p| p.key() == m.pod));
+                planned.push(run::Planned {
+                    pod: m.pod.clone(),
+                    batch: m.batch,
+                    workload: pod.and_then(|p| {
+                        let o = p.owner.as_ref()?;
+                        Some(waits::workload_key(
+                            &p.namespace,
+                            &(o.kind.clone(), o.name.clone()),
+                        ))
+                    }),
+                });
                 Step {
                     uid: pod.map(|p| p.uid.clone()).unwrap_or_default(),
-                    workload: pod
-                        .and_then(|p| p.owner.as_ref())
-                        .map(|o| (o.kind.clone(), o.name.clone())),
                     m,
                 }
             })
             .collect();
-        let timeout = policy
-            .reschedule_timeout
-            .max(std::time::Duration::from_secs(5));
+        let limits = Limits::of(&policy);
+        let mut state = RunState::new(planned, limits, window_end);
         // A resumed run first waits for the replacements its last process did not see.
-        let waits = Waits::resumed(timeout, &rec.in_flight);
+        let now = Utc::now();
+        state.resume(rec.in_flight.iter().filter_map(|f| Wait::resumed(f, now)));
         let run = Run {
             evictor: Evictor::of(&ctx, &dp),
-            waits,
+            state,
+            timeout: limits.reschedule_timeout,
+            not_evicted_after: waits::NOT_EVICTED_AFTER,
+            current: None,
+            skipped_before: rec.skipped,
             ctx,
             dp,
             name,
             policy,
-            window_end,
             resumed: resume.is_some(),
             started: tokio::time::Instant::now(),
             rec,
@@ -367,7 +391,6 @@ impl Run {
             cut,
             fences,
             stop,
-            given_up: BTreeSet::new(),
             queued,
             demand_since,
         };
@@ -420,94 +443,68 @@ impl Run {
         Ok(())
     }
 
-    /// Sets the fences, then evicts the planned moves in order, paced by the waits, each
-    /// re-checked at its turn; a drain unit is given up at its first refused or unsafe
-    /// eviction. Says why it stopped early, if it did.
+    /// Sets the fences, then carries out the run's steps ([`RunState::next`]): evicts the
+    /// planned moves in order, paced by the waits, each re-checked at its turn; a drain unit
+    /// is given up at its first refused or unsafe eviction; the moves in flight finish.
+    /// Says why it stopped early, if it did.
     async fn fence_and_evict(&mut self, steps: &[Step]) -> Result<Option<Stop>, Error> {
         fences::set(&self.ctx.client, &self.name, &self.rec).await?;
-        for step in steps {
-            if self.given_up.contains(&step.m.batch) {
-                self.rec.skipped += 1;
-                continue;
-            }
-            let stop = self
-                .wait_for_room(step.workload.as_ref())
-                .await
-                .or_else(|| self.guard());
-            if stop.is_some() {
-                return Ok(stop);
-            }
-            let stop = match self.still_planned(step) {
-                Ok(Some((pod, owner))) => self.evict(step, &pod, owner).await?,
-                Ok(None) => None,
-                Err((pod, why)) => {
-                    self.give_up(step, pod.as_deref().map(|p| &p.0), why)
-                        .await?;
-                    None
+        let mut next = None;
+        loop {
+            let step = match next.take() {
+                Some(step) => step,
+                None => {
+                    let now = Utc::now();
+                    self.settle(now);
+                    let requested = self.stop.requested();
+                    let step =
+                        self.state
+                            .next(requested.as_deref(), self.ctx.leader.is_leader(), now);
+                    self.forget_dropped();
+                    step
                 }
             };
-            if stop.is_some() {
-                return Ok(stop);
+            match step {
+                run::Step::Wait { until } => pause(until).await,
+                run::Step::Check(i) => next = self.check(i, &steps[i]),
+                run::Step::Evict(i) => self.evict(i, &steps[i]).await?,
+                run::Step::GiveUp { step, why } => self.give_up(&steps[step], why).await?,
+                run::Step::Done(stop) => {
+                    self.rec.skipped = self.skipped_before + self.state.skipped() as i64;
+                    return Ok(stop);
+                }
             }
-        }
-        Ok(None)
-    }
-
-    /// Why the run was asked to stop, if it was.
-    fn stop_requested(&self) -> Option<Stop> {
-        self.stop.requested().map(Stop::Requested)
-    }
-
-    /// Checks the waits once; the replacements no longer waited for are no longer
-    /// expected by landing control.
-    fn settle(&mut self) -> Result<(), Stop> {
-        let r = self.waits.settle(
-            &self.ctx.pods,
-            &self.ctx.metrics,
-            &self.name,
-            &self.fences,
-            &mut self.rec,
-        );
-        for uid in self.waits.ended.drain(..) {
-            self.ctx.landing.settle(&uid);
-        }
-        r
-    }
-
-    /// Waits until fewer than `maxInFlight` replacements are pending, and fewer than
-    /// `maxUnavailablePerWorkload` of `workload`: its next eviction waits until the
-    /// replacement of its previous one is Ready. A stall stops the run.
-    async fn wait_for_room(&mut self, workload: Option<&Workload>) -> Option<Stop> {
-        let in_flight_max = self.policy.max_in_flight.max(1) as usize;
-        let per_workload = self.policy.max_unavailable_per_workload.max(1) as usize;
-        loop {
-            if let Some(stop) = self.stop_requested() {
-                return Some(stop);
-            }
-            if let Err(stop) = self.settle() {
-                return Some(stop);
-            }
-            if self.waits.open.len() < in_flight_max
-                && self.waits.of_workload(workload) < per_workload
-            {
-                return None;
-            }
-            tokio::time::sleep(POLL).await;
         }
     }
 
-    /// The guards checked before each eviction: a stop request, leadership, the window,
-    /// pending GPU pods.
-    fn guard(&self) -> Option<Stop> {
-        if let Some(stop) = self.stop_requested() {
-            return Some(stop);
+    /// Looks at the waits once: those that ended leave the state machine (settled in the
+    /// record), and landing control no longer expects their replacements.
+    fn settle(&mut self, now: DateTime<Utc>) {
+        let look = Looker {
+            pods: &self.ctx.pods,
+            metrics: &self.ctx.metrics,
+            policy: &self.name,
+            fences: &self.fences,
+            not_evicted_after: self.not_evicted_after,
+        };
+        let rec = &mut self.rec;
+        let ended = self.state.settle(|w| look.ended(w, rec, now));
+        for (w, _) in ended {
+            self.ctx.landing.settle(&w.detail.evicted_uid);
         }
-        if !self.ctx.leader.is_leader() {
-            return Some(Stop::LostLeadership);
+    }
+
+    /// Waits that timed out are no longer expected by landing control.
+    fn forget_dropped(&mut self) {
+        for w in self.state.take_dropped() {
+            self.ctx.landing.settle(&w.detail.evicted_uid);
         }
-        if Utc::now() >= self.window_end {
-            return Some(Stop::WindowClosed);
-        }
+    }
+
+    /// Judges a step at its turn ([`run::Step::Check`]): the GPU pods pending since the run
+    /// started, and the pod judged again on a fresh model of the cluster (the same pod, on
+    /// the same node, still movable, its workload's live availability, room on its target).
+    fn check(&mut self, i: usize, step: &Step) -> Option<run::Step> {
         let since = crate::objects::parse_ts(&self.rec.started_at).unwrap_or_else(Utc::now);
         let pending = waits::pending_gpu_pods(
             &self.ctx.pods,
@@ -515,26 +512,20 @@ impl Run {
             &self.policy,
             since,
         );
-        (pending > self.policy.max_pending_gpu_pods as usize + self.waits.open.len())
-            .then_some(Stop::PendingPileUp(pending))
+        let verdict = self.verdict(step);
+        self.state.judged(i, pending, verdict)
     }
 
-    /// The pod of a step as the cache has it now, with its workload, if it may be evicted
-    /// now: judged again on a fresh model of the cluster (the same pod, on the same node,
-    /// still movable, its workload's live availability, room on its target). None: the
-    /// pod is gone or elsewhere (its unit goes on); an error: why it must not be moved
-    /// (its unit is given up).
-    #[allow(clippy::type_complexity)]
-    fn still_planned(
-        &self,
-        step: &Step,
-    ) -> Result<Option<(Arc<CachedPod>, Workload)>, (Option<Arc<CachedPod>>, String)> {
+    /// The verdict on a step's pod as the cache has it now; the pod and its workload are
+    /// kept for the eviction when it may go.
+    fn verdict(&mut self, step: &Step) -> Verdict {
+        self.current = None;
         let m = &step.m;
         let Some((ns, pod_name)) = m.pod.split_once('/') else {
-            return Ok(None);
+            return Verdict::PassOver;
         };
         let Some(current) = self.ctx.pods.get(&ObjectRef::new(pod_name).within(ns)) else {
-            return Ok(None);
+            return Verdict::PassOver;
         };
         let now = Utc::now();
         let cluster = self.ctx.cluster(Some(now));
@@ -549,37 +540,31 @@ impl Run {
             Ok(()) => {}
             // Gone, elsewhere or terminating: off its node anyway, the unit goes on.
             Err(Refusal::Gone | Refusal::Moved | Refusal::Unmovable(Skip::Terminating)) => {
-                return Ok(None);
+                return Verdict::PassOver;
             }
-            Err(r) => return Err((Some(current), r.code().to_string())),
+            Err(r) => {
+                self.current = Some((current, (String::new(), String::new())));
+                return Verdict::Refuse(r.code().to_string());
+            }
         }
         let Some(owner) = current.controller_of() else {
-            return Err((Some(current), "no-controller".into()));
+            self.current = Some((current, (String::new(), String::new())));
+            return Verdict::Refuse("no-controller".into());
         };
-        if self.waits.backed_off.contains(&owner) {
-            return Err((
-                Some(current),
-                "its workload bounced back onto a fence".into(),
-            ));
-        }
-        Ok(Some((current, owner)))
+        self.current = Some((current, owner));
+        Verdict::Go
     }
 
     /// Gives up the step's drain unit: this eviction and the rest of its unit are not
     /// sent (counted as skipped, announced).
-    async fn give_up(
-        &mut self,
-        step: &Step,
-        pod: Option<&CompactPod>,
-        why: String,
-    ) -> Result<(), Error> {
-        self.rec.skipped += 1;
-        self.given_up.insert(step.m.batch);
+    async fn give_up(&mut self, step: &Step, why: String) -> Result<(), Error> {
+        self.rec.skipped = self.skipped_before + self.state.skipped() as i64;
+        let pod = self.current.take();
         info!(policy = %self.name, pod = %step.m.pod, why = %why, "eviction not sent; its unit is given up");
         self.evictor
             .skipped(
                 &step.m,
-                pod,
+                pod.as_ref().map(|(p, _)| &p.0),
                 format!("{why}; the rest of its unit is not sent"),
             )
             .await;
@@ -588,16 +573,14 @@ impl Run {
 
     /// Evicts one pod: counted in the record (as in flight) before it is asked for; an
     /// eviction without an answer is confirmed by looking at the pod; the record is
-    /// settled by the result. An accepted eviction is waited on; a refused one gives its
-    /// unit up; one that stays unknown stalls the run.
-    async fn evict(
-        &mut self,
-        step: &Step,
-        pod: &CompactPod,
-        owner: Workload,
-    ) -> Result<Option<Stop>, Error> {
+    /// settled by the result, and the state machine told it.
+    async fn evict(&mut self, i: usize, step: &Step) -> Result<(), Error> {
+        let Some((pod, owner)) = self.current.take() else {
+            self.state.sent(i, run::Sent::Gone, Utc::now());
+            return Ok(());
+        };
         let m = &step.m;
-        let known = Wait::known(&self.ctx.pods, pod, &owner);
+        let known = Wait::known(&self.ctx.pods, &pod, &owner);
         let before = self.rec.clone();
         let flight = InFlightEviction {
             pod: m.pod.clone(),
@@ -614,57 +597,33 @@ impl Run {
                 .expect(&self.name, &pod.namespace, &owner, &step.uid, &m.to_node)
                 .await;
         }
-        let mut result = self.evictor.evict(m, pod, &step.uid).await;
+        let mut result = self.evictor.evict(m, &pod, &step.uid).await;
         if let EvictionResult::Unanswered(e) = &result {
             warn!(policy = %self.name, pod = %m.pod, error = %e, "eviction unanswered; looking whether it happened");
-            let deadline = tokio::time::Instant::now() + self.waits.timeout;
-            result = self.evictor.confirm(pod, &step.uid, deadline).await;
-            self.evictor.report(m, pod, &result).await;
+            let deadline = tokio::time::Instant::now() + self.timeout;
+            result = self.evictor.confirm(&pod, &step.uid, deadline).await;
+            self.evictor.report(m, &pod, &result).await;
         }
         outcome::account(&mut self.rec, before, &result);
         if !matches!(result, EvictionResult::Evicted) {
             self.ctx.landing.settle(&step.uid);
         }
-        match &result {
+        let sent = match &result {
             EvictionResult::Evicted => {
-                self.waits
-                    .open
-                    .push(Wait::new(&m.pod, pod, owner, known, &m.to_node));
-                return Ok(None);
+                let wait = Wait::new(&pod, owner, known, &m.to_node);
+                self.state.sent(i, run::Sent::Evicted(wait), Utc::now());
+                return Ok(());
             }
-            EvictionResult::Gone => {}
-            EvictionResult::Blocked(_) | EvictionResult::Refused(_) => {
-                self.given_up.insert(m.batch);
-            }
-            EvictionResult::Unanswered(e) => {
-                self.write().await?;
-                return Ok(Some(Stop::Stalled(format!(
-                    "the eviction of {} got no answer and whether it happened is unknown after {}s ({e})",
-                    m.pod,
-                    self.waits.timeout.as_secs()
-                ))));
-            }
-        }
-        self.write().await?;
-        Ok(None)
-    }
-
-    /// Waits for the replacements still pending (a stall or a stop request ends the wait).
-    async fn finish_in_flight(&mut self, stop: &mut Option<Stop>) {
-        while !self.waits.open.is_empty() {
-            if matches!(stop, Some(Stop::Requested(_))) {
-                break;
-            }
-            if let Some(s) = self.stop_requested() {
-                *stop = Some(s);
-                break;
-            }
-            if let Err(s) = self.settle() {
-                stop.get_or_insert(s);
-                break;
-            }
-            tokio::time::sleep(POLL).await;
-        }
+            EvictionResult::Gone => run::Sent::Gone,
+            EvictionResult::Blocked(_) | EvictionResult::Refused(_) => run::Sent::Refused,
+            EvictionResult::Unanswered(e) => run::Sent::Unknown(format!(
+                "the eviction of {} got no answer and whether it happened is unknown after {}s ({e})",
+                m.pod,
+                self.timeout.as_secs()
+            )),
+        };
+        self.state.sent(i, sent, Utc::now());
+        self.write().await
     }
 
     /// With landing control, nominates the GPU pods that were pending when the run started
@@ -756,16 +715,15 @@ impl Run {
     }
 
     /// Holds the rooms of a demand run until every served pod has bound, at most
-    /// `demand.holdTimeout`: a nomination the scheduler cleared is set again. A stop
-    /// request or the timeout releases the rest. Records each pod's fate.
+    /// `demand.holdTimeout` ([`Hold`]): a nomination the scheduler cleared is set again. A
+    /// stop request or the timeout releases the rest. Records each pod's fate.
     async fn hold(&mut self) -> Option<Stop> {
         let timeout = self
             .policy
             .demand
             .map(|d| d.hold_timeout)
             .unwrap_or(std::time::Duration::from_secs(300));
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut renominated = tokio::time::Instant::now();
+        let mut hold = Hold::new(Utc::now(), timeout);
         loop {
             let fates = self.fates();
             let changed = self.rec.demand.as_ref().is_some_and(|d| d.served != fates);
@@ -776,54 +734,50 @@ impl Run {
                 warn!(policy = %self.name, error = %e, "could not record the served pods");
             }
             let waiting = self.unbound_served();
-            if waiting.is_empty() {
-                return None;
-            }
-            if let Some(stop) = self.stop_requested() {
-                self.release().await;
-                return Some(stop);
-            }
-            if !self.ctx.leader.is_leader() {
-                self.release().await;
-                return Some(Stop::LostLeadership);
-            }
-            if tokio::time::Instant::now() >= deadline {
-                let who: Vec<String> = waiting
-                    .iter()
-                    .map(|(_, ns, name, node)| format!("{ns}/{name} on {node}"))
-                    .collect();
-                self.release().await;
-                let why = format!(
-                    "the room was made but {} did not bind within demand.holdTimeout ({}s); the hold is released",
-                    who.join(", "),
-                    timeout.as_secs()
-                );
-                for (_, ns, name, _) in &waiting {
-                    self.event_on_pod(
-                        &format!("{ns}/{name}"),
-                        EventType::Warning,
-                        EventReason::NoRoom,
-                        format!("run {}: {why}", self.rec.id),
-                    )
-                    .await;
-                }
-                return Some(Stop::Stalled(why));
-            }
-            // The scheduler clears a nomination when it tries the pod and finds no node
-            // (the fence was still on): set it again, at most every few seconds.
-            if renominated.elapsed() >= std::time::Duration::from_secs(2) {
-                for (_, ns, name, node) in &waiting {
-                    let cached = self.ctx.pods.get(&ObjectRef::new(name).within(ns));
-                    if cached.is_some_and(|p| p.nominated_node.as_deref() != Some(node.as_str())) {
-                        self.ctx
-                            .landing
-                            .nominate_pending(ns, name, node, &self.ctx.metrics)
+            let who: Vec<String> = waiting
+                .iter()
+                .map(|(_, ns, name, node)| format!("{ns}/{name} on {node}"))
+                .collect();
+            let requested = self.stop.requested();
+            match hold.next(
+                &who,
+                requested.as_deref(),
+                self.ctx.leader.is_leader(),
+                Utc::now(),
+            ) {
+                HoldStep::Over => return None,
+                HoldStep::Release(stop) => {
+                    self.release().await;
+                    if let Stop::Stalled(why) = &stop {
+                        for (_, ns, name, _) in &waiting {
+                            self.event_on_pod(
+                                &format!("{ns}/{name}"),
+                                EventType::Warning,
+                                EventReason::NoRoom,
+                                format!("run {}: {why}", self.rec.id),
+                            )
                             .await;
+                        }
+                    }
+                    return Some(stop);
+                }
+                // The scheduler clears a nomination when it tries the pod and finds no
+                // node (the fence was still on): set it again.
+                HoldStep::Renominate => {
+                    for (_, ns, name, node) in &waiting {
+                        let cached = self.ctx.pods.get(&ObjectRef::new(name).within(ns));
+                        if cached
+                            .is_some_and(|p| p.nominated_node.as_deref() != Some(node.as_str()))
+                        {
+                            self.ctx
+                                .landing
+                                .nominate_pending(ns, name, node, &self.ctx.metrics)
+                                .await;
+                        }
                     }
                 }
-                renominated = tokio::time::Instant::now();
+                HoldStep::Wait => tokio::time::sleep(POLL).await,
             }
-            tokio::time::sleep(POLL).await;
         }
     }
 
@@ -842,14 +796,12 @@ impl Run {
                     .and_then(|(ns, name)| self.ctx.pods.get(&ObjectRef::new(name).within(ns)));
                 let same =
                     |p: &CachedPod| d.uids.get(i).is_none_or(|u| u.is_empty() || *u == p.uid);
-                match cached {
-                    Some(p) if same(&p) => match p.node_name.as_deref() {
-                        Some(n) if Some(n) == d.nodes.get(i).map(String::as_str) => SERVED.into(),
-                        Some(_) => "BoundElsewhere".into(),
-                        None => "Binding".into(),
-                    },
-                    _ => "Gone".into(),
-                }
+                let room = d.nodes.get(i).map(String::as_str).unwrap_or_default();
+                let bound = cached
+                    .as_ref()
+                    .filter(|p| same(p))
+                    .map(|p| p.node_name.as_deref());
+                Fate::of(bound, room).as_str().to_string()
             })
             .collect()
     }

@@ -6,20 +6,7 @@ use gpu_defrag_core::plan::Move;
 
 use crate::status::MAX_LAST_RUNS;
 
-/// Why a run stopped before its plan was done.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Stop {
-    /// The window closed.
-    WindowClosed,
-    /// A replacement was not Ready in time (the message says which).
-    Stalled(String),
-    /// More GPU pods pending than `safety.maxPendingGpuPods` (how many).
-    PendingPileUp(usize),
-    /// Another replica became leader.
-    LostLeadership,
-    /// Asked to stop: the policy was switched to DryRun, suspended or deleted (why).
-    Requested(String),
-}
+pub use gpu_defrag_core::run::Stop;
 
 /// What the API server answered to one eviction.
 #[derive(Clone, Debug, PartialEq)]

@@ -1,6 +1,7 @@
 //! Waiting for replacements: after an eviction the run waits until a new pod of the same
-//! workload is Ready, checks where it landed (a landing on a fence is a bounce) and stalls
-//! when that takes longer than `rescheduleTimeout`.
+//! workload is Ready and checks where it landed (a landing on a fence is a bounce); the
+//! run's state machine ([`gpu_defrag_core::run`]) stalls when that takes longer than
+//! `rescheduleTimeout`.
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,8 +14,10 @@ use gpu_defrag_core::policy::Policy;
 use kube::runtime::reflector::Store;
 use tracing::warn;
 
+use gpu_defrag_core::run::{Ended, InFlight};
+
 use super::fences::Fences;
-use super::outcome::{self, Stop};
+use super::outcome;
 use crate::dra::DraSnapshot;
 use crate::metrics::Metrics;
 use crate::objects::CachedPod;
@@ -25,10 +28,10 @@ pub const POLL: Duration = Duration::from_millis(500);
 /// A workload: `(kind, name)` of a pod's controller, in a namespace.
 pub type Workload = (String, String);
 
-/// An eviction whose replacement the run waits for.
+/// What the run keeps to recognise the replacement of an evicted pod (the run's state
+/// machine keeps the rest: [`InFlight`]).
+#[derive(Clone, Debug)]
 pub struct Wait {
-    /// `namespace/name` of the evicted pod.
-    pub pod: String,
     /// Its workload.
     pub owner: Workload,
     /// Its namespace.
@@ -37,14 +40,13 @@ pub struct Wait {
     pub evicted_uid: String,
     /// UIDs of the workload's pods when it was evicted (none of them is the replacement).
     pub known: HashSet<String>,
-    /// When it was evicted (or, resumed, when the run resumed).
-    pub since: tokio::time::Instant,
-    /// Taken over from the record of an earlier process: which pod replaces it is not
-    /// known, so it ends once the evicted pod is gone and every pod of its workload is
-    /// Ready.
-    pub resumed: bool,
     /// The node its move planned for the replacement (empty: none known).
     pub to_node: String,
+}
+
+/// The key of a workload in the run's state machine (`namespace/kind/name`).
+pub fn workload_key(namespace: &str, owner: &Workload) -> String {
+    format!("{namespace}/{}/{}", owner.0, owner.1)
 }
 
 impl Wait {
@@ -58,47 +60,49 @@ impl Wait {
             .collect()
     }
 
-    /// A wait for the replacement of `pod` (`key`, of `owner`), evicted now, planned to land
-    /// on `to_node`; `known` as [`Wait::known`] gave before the eviction.
-    pub fn new(
-        key: &str,
-        pod: &CompactPod,
-        owner: Workload,
-        known: HashSet<String>,
-        to_node: &str,
-    ) -> Self {
+    /// A wait for the replacement of `pod` (of `owner`), planned to land on `to_node`;
+    /// `known` as [`Wait::known`] gave before the eviction.
+    pub fn new(pod: &CompactPod, owner: Workload, known: HashSet<String>, to_node: &str) -> Self {
         Wait {
-            pod: key.to_string(),
             owner,
             namespace: pod.namespace.clone(),
             evicted_uid: pod.uid.clone(),
             known,
-            since: tokio::time::Instant::now(),
-            resumed: false,
             to_node: to_node.to_string(),
         }
     }
 
-    /// A wait taken over from the record of an earlier process (None: unreadable entry).
-    pub fn resumed(f: &InFlightEviction) -> Option<Self> {
+    /// A wait taken over from the record of an earlier process, from `now` (None:
+    /// unreadable entry).
+    pub fn resumed(f: &InFlightEviction, now: DateTime<Utc>) -> Option<InFlight<Self>> {
         let (namespace, _) = f.pod.split_once('/')?;
         let (kind, name) = f.owner.split_once('/')?;
-        Some(Wait {
+        let owner = (kind.to_string(), name.to_string());
+        Some(InFlight {
             pod: f.pod.clone(),
-            owner: (kind.to_string(), name.to_string()),
-            namespace: namespace.to_string(),
-            evicted_uid: f.uid.clone(),
-            known: HashSet::new(),
-            since: tokio::time::Instant::now(),
+            workload: Some(workload_key(namespace, &owner)),
+            since: now,
             resumed: true,
-            to_node: String::new(),
+            detail: Wait {
+                owner,
+                namespace: namespace.to_string(),
+                evicted_uid: f.uid.clone(),
+                known: HashSet::new(),
+                to_node: String::new(),
+            },
         })
     }
 
     /// Whether the evicted pod has been replaced by a Ready pod, among `pods` (its
-    /// workload's); the replacement if it is known.
-    fn replaced<'a>(&self, pods: &'a [Arc<CachedPod>]) -> Option<Option<&'a Arc<CachedPod>>> {
-        if self.resumed {
+    /// workload's); the replacement if it is known. A resumed wait does not know which pod
+    /// replaces it: it ends once the evicted pod is gone and every pod of its workload is
+    /// Ready.
+    fn replaced<'a>(
+        &self,
+        resumed: bool,
+        pods: &'a [Arc<CachedPod>],
+    ) -> Option<Option<&'a Arc<CachedPod>>> {
+        if resumed {
             let evicted_gone = pods.iter().all(|p| p.uid != self.evicted_uid);
             let all_ready = !pods.is_empty() && pods.iter().all(|p| p.ready && !p.deleting);
             return (evicted_gone && all_ready).then_some(None);
@@ -166,128 +170,85 @@ pub fn pending_gpu_pods(
 /// of the dead process cannot still be at work.
 pub const NOT_EVICTED_AFTER: Duration = Duration::from_secs(60);
 
-/// The run's waits, and the workloads it stopped moving because a replacement bounced.
-pub struct Waits {
-    /// Evictions whose replacement is not Ready yet.
-    pub open: Vec<Wait>,
-    /// Workloads whose replacement landed on a fence: not moved again in this run.
-    pub backed_off: HashSet<Workload>,
-    /// How long a replacement may take.
-    pub timeout: Duration,
+/// How the run looks at its waits: a Ready replacement ends a wait (a bounce if it landed
+/// on a fence: counted in the record); a resumed wait whose pod is still there, not
+/// terminating, [`Looker::not_evicted_after`] after the run resumed ends too: that eviction
+/// never took effect (the last process died before or while asking for it), and the record
+/// says so (not evicted, failed). Timeouts are the run's state machine's.
+pub struct Looker<'a> {
+    /// The pod cache.
+    pub pods: &'a Store<CachedPod>,
+    /// Metrics.
+    pub metrics: &'a Metrics,
+    /// The policy's name.
+    pub policy: &'a str,
+    /// The run's fences.
+    pub fences: &'a Fences,
     /// [`NOT_EVICTED_AFTER`] (shorter in tests).
     pub not_evicted_after: Duration,
-    /// UIDs of the evicted pods whose waits ended since this was last emptied.
-    pub ended: Vec<String>,
 }
 
-impl Waits {
-    /// No waits yet.
-    pub fn new(timeout: Duration) -> Self {
-        Waits {
-            open: Vec::new(),
-            backed_off: HashSet::new(),
-            timeout,
-            not_evicted_after: NOT_EVICTED_AFTER,
-            ended: Vec::new(),
-        }
-    }
-
-    /// The waits of a resumed run: the evictions its record lists as in flight.
-    pub fn resumed(timeout: Duration, in_flight: &[InFlightEviction]) -> Self {
-        let mut w = Waits::new(timeout);
-        w.open = in_flight.iter().filter_map(Wait::resumed).collect();
-        w
-    }
-
-    /// Open waits of one workload.
-    pub fn of_workload(&self, owner: Option<&Workload>) -> usize {
-        self.open.iter().filter(|w| Some(&w.owner) == owner).count()
-    }
-
-    /// Checks the waits: a Ready replacement ends a wait (a bounce if it landed on a
-    /// fence: counted in `rec`, its workload backed off); a resumed wait whose pod is still
-    /// there, not terminating, [`Waits::not_evicted_after`] after the run resumed ends too:
-    /// that eviction never took effect (the last process died before or while asking for
-    /// it), and the record says so (not evicted, failed); a wait older than the timeout
-    /// stalls the run.
-    pub fn settle(
-        &mut self,
-        pods: &Store<CachedPod>,
-        metrics: &Metrics,
-        policy: &str,
-        fences: &Fences,
+impl Looker<'_> {
+    /// How wait `w` ended at `now`, if it did (settled in `rec`).
+    pub fn ended(
+        &self,
+        w: &InFlight<Wait>,
         rec: &mut RunRecord,
-    ) -> Result<(), Stop> {
-        let mut stalled = None;
-        let timeout = self.timeout;
-        let not_evicted_after = self.not_evicted_after;
-        let backed_off = &mut self.backed_off;
-        let before: Vec<String> = self.open.iter().map(|w| w.evicted_uid.clone()).collect();
-        self.open.retain(|w| {
-            let candidates = pods_of_owner(pods, &w.namespace, &w.owner);
-            if w.resumed
-                && w.since.elapsed() >= not_evicted_after
-                && let Some(still) = candidates
-                    .iter()
-                    .find(|p| p.uid == w.evicted_uid && !p.deleting)
-            {
-                let node = still.node_name.as_deref().unwrap_or_default();
-                warn!(pod = %w.pod, node = %node, "an eviction the last process recorded as in flight never took effect: the pod is still there, not terminating");
-                outcome::not_evicted(rec, &w.pod, &w.evicted_uid, node);
-                metrics.eviction(policy, "failed");
-                return false;
-            }
-            if let Some(replacement) = w.replaced(&candidates) {
-                outcome::landed(rec, &w.evicted_uid);
-                let Some(r) = replacement else {
-                    return false;
-                };
-                let node = r.node_name.as_deref().unwrap_or_default();
-                if !w.to_node.is_empty() {
-                    let planned = node == w.to_node;
-                    if planned {
-                        rec.landed_as_planned += 1;
-                    } else {
-                        rec.landed_elsewhere += 1;
-                        warn!(pod = %w.pod, node = %node, planned = %w.to_node, "replacement landed elsewhere than planned");
-                    }
-                    metrics.landing(policy, if planned { "planned" } else { "elsewhere" });
-                }
-                if let Some(on_gpu) = fences.hit(node, &ingest::hami_pod_gpus(&r.annotations)) {
-                    rec.bounced += 1;
-                    metrics.eviction(policy, "bounced");
-                    backed_off.insert(w.owner.clone());
-                    match on_gpu {
-                        Some(gpu) => warn!(pod = %w.pod, node = %node, gpu = %gpu, "replacement landed on a fenced GPU (does the scheduler read hami.io/device-cordon?)"),
-                        None => warn!(pod = %w.pod, node = %node, "replacement landed on a fenced node"),
-                    }
-                }
-                return false;
-            }
-            if w.since.elapsed() > timeout {
-                stalled = Some(format!(
-                    "the replacement of {} was not Ready within {}s",
-                    w.pod,
-                    timeout.as_secs()
-                ));
-                return false;
-            }
-            true
-        });
-        self.ended.extend(
-            before
-                .into_iter()
-                .filter(|u| !self.open.iter().any(|w| w.evicted_uid == *u)),
-        );
-        match stalled {
-            Some(m) => Err(Stop::Stalled(m)),
-            None => Ok(()),
+        now: DateTime<Utc>,
+    ) -> Option<Ended> {
+        let d = &w.detail;
+        let candidates = pods_of_owner(self.pods, &d.namespace, &d.owner);
+        let waited = (now - w.since).to_std().unwrap_or_default();
+        if w.resumed
+            && waited >= self.not_evicted_after
+            && let Some(still) = candidates
+                .iter()
+                .find(|p| p.uid == d.evicted_uid && !p.deleting)
+        {
+            let node = still.node_name.as_deref().unwrap_or_default();
+            warn!(pod = %w.pod, node = %node, "an eviction the last process recorded as in flight never took effect: the pod is still there, not terminating");
+            outcome::not_evicted(rec, &w.pod, &d.evicted_uid, node);
+            self.metrics.eviction(self.policy, "failed");
+            return Some(Ended::NotEvicted);
         }
+        let replacement = d.replaced(w.resumed, &candidates)?;
+        outcome::landed(rec, &d.evicted_uid);
+        let Some(r) = replacement else {
+            return Some(Ended::Replaced { bounced: false });
+        };
+        let node = r.node_name.as_deref().unwrap_or_default();
+        if !d.to_node.is_empty() {
+            let planned = node == d.to_node;
+            if planned {
+                rec.landed_as_planned += 1;
+            } else {
+                rec.landed_elsewhere += 1;
+                warn!(pod = %w.pod, node = %node, planned = %d.to_node, "replacement landed elsewhere than planned");
+            }
+            self.metrics
+                .landing(self.policy, if planned { "planned" } else { "elsewhere" });
+        }
+        let Some(on_gpu) = self
+            .fences
+            .hit(node, &ingest::hami_pod_gpus(&r.annotations))
+        else {
+            return Some(Ended::Replaced { bounced: false });
+        };
+        rec.bounced += 1;
+        self.metrics.eviction(self.policy, "bounced");
+        match on_gpu {
+            Some(gpu) => {
+                warn!(pod = %w.pod, node = %node, gpu = %gpu, "replacement landed on a fenced GPU (does the scheduler read hami.io/device-cordon?)")
+            }
+            None => warn!(pod = %w.pod, node = %node, "replacement landed on a fenced node"),
+        }
+        Some(Ended::Replaced { bounced: true })
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use gpu_defrag_core::run::{RunState, Sent, Step, Verdict};
     use kube::runtime::reflector::store::Writer;
     use kube::runtime::watcher;
     use serde_json::json;
@@ -315,87 +276,136 @@ mod tests {
         w.apply_watcher_event(&watcher::Event::Apply(p));
     }
 
-    #[test]
-    fn a_resumed_wait_ends_once_the_evicted_pod_is_gone_and_its_workload_is_ready() {
-        let (pods, mut writer) = kube::runtime::reflector::store::<CachedPod>();
-        let flight = InFlightEviction {
+    fn t(s: &str) -> DateTime<Utc> {
+        crate::objects::parse_ts(s).unwrap()
+    }
+
+    /// The waits of a run, looked at once at `now` through `fences`: the open ones left.
+    fn look(
+        state: &mut RunState<Wait>,
+        pods: &Store<CachedPod>,
+        fences: &Fences,
+        not_evicted_after: Duration,
+        rec: &mut RunRecord,
+        now: DateTime<Utc>,
+    ) -> Vec<(InFlight<Wait>, Ended)> {
+        let metrics = Metrics::new();
+        let look = Looker {
+            pods,
+            metrics: &metrics,
+            policy: "p",
+            fences,
+            not_evicted_after,
+        };
+        state.settle(|w| look.ended(w, rec, now))
+    }
+
+    fn run_state() -> RunState<Wait> {
+        let limits = gpu_defrag_core::run::Limits::of(&Policy::default());
+        RunState::new(Vec::new(), limits, t("2026-12-04T05:00:00Z"))
+    }
+
+    fn flight() -> InFlightEviction {
+        InFlightEviction {
             pod: "ml/web-1-a".into(),
             uid: "a".into(),
             owner: "ReplicaSet/web-1".into(),
-        };
-        let mut waits = Waits::resumed(Duration::from_secs(60), std::slice::from_ref(&flight));
+        }
+    }
+
+    #[test]
+    fn a_resumed_wait_ends_once_the_evicted_pod_is_gone_and_its_workload_is_ready() {
+        let (pods, mut writer) = kube::runtime::reflector::store::<CachedPod>();
+        let now = t("2026-12-04T02:00:00Z");
+        let mut waits = run_state();
+        waits.resume(Wait::resumed(&flight(), now));
         let mut rec = RunRecord {
-            in_flight: vec![flight],
+            in_flight: vec![flight()],
             ..Default::default()
         };
-        let settle = |waits: &mut Waits, rec: &mut RunRecord| {
-            waits.settle(&pods, &Metrics::new(), "p", &Fences::default(), rec)
-        };
+        let grace = Duration::from_secs(60);
         // The evicted pod is still terminating, its sibling Ready: still waiting.
         apply(&mut writer, pod("web-1-a", "a", true, true));
         apply(&mut writer, pod("web-1-b", "b", true, false));
-        assert_eq!(settle(&mut waits, &mut rec), Ok(()));
-        assert_eq!(waits.open.len(), 1);
+        assert!(look(&mut waits, &pods, &Fences::default(), grace, &mut rec, now).is_empty());
+        assert_eq!(waits.in_flight().len(), 1);
         // Gone, and its replacement created but not Ready: still waiting.
         writer.apply_watcher_event(&watcher::Event::Delete(pod("web-1-a", "a", true, true)));
         apply(&mut writer, pod("web-1-c", "c", false, false));
-        assert_eq!(settle(&mut waits, &mut rec), Ok(()));
+        assert!(look(&mut waits, &pods, &Fences::default(), grace, &mut rec, now).is_empty());
         assert_eq!(
-            waits.open.len(),
+            waits.in_flight().len(),
             1,
             "a replacement that is not Ready does not count"
         );
         // The replacement is Ready: the wait ends and the record forgets it.
         apply(&mut writer, pod("web-1-c", "c", true, false));
-        assert_eq!(settle(&mut waits, &mut rec), Ok(()));
-        assert!(waits.open.is_empty());
+        let ended = look(&mut waits, &pods, &Fences::default(), grace, &mut rec, now);
+        assert_eq!(ended[0].1, Ended::Replaced { bounced: false });
+        assert!(waits.in_flight().is_empty());
         assert!(rec.in_flight.is_empty());
     }
 
     #[test]
     fn a_resumed_eviction_that_never_took_effect_is_settled_not_waited_for() {
         let (pods, mut writer) = kube::runtime::reflector::store::<CachedPod>();
-        let flight = InFlightEviction {
-            pod: "ml/web-1-a".into(),
-            uid: "a".into(),
-            owner: "ReplicaSet/web-1".into(),
-        };
+        let now = t("2026-12-04T02:00:00Z");
         let mut rec = RunRecord {
             evicted: 2,
             evicted_pods: vec!["ml/web-1-a".into(), "ml/other".into()],
             evicted_per_node: [("n2".to_string(), 2)].into(),
-            in_flight: vec![flight.clone()],
+            in_flight: vec![flight()],
             ..Default::default()
         };
         // The evicted pod is still there, Running and not terminating.
         apply(&mut writer, pod("web-1-a", "a", true, false));
-        let mut waits = Waits::resumed(Duration::from_secs(600), std::slice::from_ref(&flight));
-        let settle = |waits: &mut Waits, rec: &mut RunRecord| {
-            waits.settle(&pods, &Metrics::new(), "p", &Fences::default(), rec)
-        };
+        let mut waits = run_state();
+        waits.resume(Wait::resumed(&flight(), now));
+        let grace = Duration::from_secs(60);
+        let fences = Fences::default();
         // Within the grace its eviction may still be at work on the API server: waiting.
-        assert_eq!(settle(&mut waits, &mut rec), Ok(()));
-        assert_eq!(waits.open.len(), 1);
+        assert!(look(&mut waits, &pods, &fences, grace, &mut rec, now).is_empty());
+        assert_eq!(waits.in_flight().len(), 1);
         assert_eq!(rec.evicted, 2);
         // Past it, the eviction never happened: not waited for, not counted as evicted.
-        waits.not_evicted_after = Duration::ZERO;
-        assert_eq!(settle(&mut waits, &mut rec), Ok(()));
-        assert!(waits.open.is_empty());
+        let later = now + chrono::TimeDelta::seconds(61);
+        let ended = look(&mut waits, &pods, &fences, grace, &mut rec, later);
+        assert_eq!(ended[0].1, Ended::NotEvicted);
+        assert!(waits.in_flight().is_empty());
         assert!(rec.in_flight.is_empty());
         assert_eq!((rec.evicted, rec.failed), (1, 1));
         assert_eq!(rec.evicted_pods, ["ml/other"]);
         assert_eq!(rec.evicted_per_node["n2"], 1);
         // A terminating pod was evicted: its wait goes on.
-        let mut waits = Waits::resumed(Duration::from_secs(600), std::slice::from_ref(&flight));
-        waits.not_evicted_after = Duration::ZERO;
+        let mut waits = run_state();
+        waits.resume(Wait::resumed(&flight(), now));
         apply(&mut writer, pod("web-1-a", "a", true, true));
         let mut rec = RunRecord {
-            in_flight: vec![flight.clone()],
+            in_flight: vec![flight()],
             ..Default::default()
         };
-        assert_eq!(settle(&mut waits, &mut rec), Ok(()));
-        assert_eq!(waits.open.len(), 1);
+        assert!(look(&mut waits, &pods, &fences, grace, &mut rec, later).is_empty());
+        assert_eq!(waits.in_flight().len(), 1);
         assert_eq!(rec.failed, 0);
+    }
+
+    /// A run of one planned eviction of `ml/web-1-a`, sent at `now`, planned onto `to`.
+    fn evicted(pods: &Store<CachedPod>, to: &str, now: DateTime<Utc>) -> RunState<Wait> {
+        let evicted = pod("web-1-a", "a", true, false);
+        let owner: Workload = ("ReplicaSet".into(), "web-1".into());
+        let known = Wait::known(pods, &evicted, &owner);
+        let step = gpu_defrag_core::run::Planned {
+            pod: "ml/web-1-a".into(),
+            batch: 0,
+            workload: Some(workload_key("ml", &owner)),
+        };
+        let limits = gpu_defrag_core::run::Limits::of(&Policy::default());
+        let mut state = RunState::new(vec![step], limits, t("2026-12-04T05:00:00Z"));
+        assert_eq!(state.next(None, true, now), Step::Check(0));
+        assert_eq!(state.judged(0, 0, Verdict::Go), Some(Step::Evict(0)));
+        let wait = Wait::new(&evicted, owner, known, to);
+        state.sent(0, Sent::Evicted(wait), now);
+        state
     }
 
     #[test]
@@ -403,87 +413,48 @@ mod tests {
         let (pods, mut writer) = kube::runtime::reflector::store::<CachedPod>();
         apply(&mut writer, pod("web-1-a", "a", true, false));
         apply(&mut writer, pod("web-1-b", "b", true, false));
-        let evicted = pod("web-1-a", "a", true, false);
-        let owner: Workload = ("ReplicaSet".into(), "web-1".into());
-        let known = Wait::known(&pods, &evicted, &owner);
-        assert_eq!(known.len(), 2);
-        let mut waits = Waits::new(Duration::from_secs(60));
-        waits.open.push(Wait::new(
-            "ml/web-1-a",
-            &evicted,
-            owner.clone(),
-            known,
-            "n7",
-        ));
+        let now = t("2026-12-04T02:00:00Z");
+        let mut waits = evicted(&pods, "n7", now);
+        assert_eq!(waits.in_flight()[0].detail.known.len(), 2);
         let mut rec = RunRecord::default();
+        let grace = Duration::from_secs(60);
         // The sibling was Ready before: it is not the replacement.
-        writer.apply_watcher_event(&watcher::Event::Delete(evicted));
-        assert_eq!(
-            waits.settle(&pods, &Metrics::new(), "p", &Fences::default(), &mut rec),
-            Ok(())
-        );
-        assert_eq!(waits.open.len(), 1);
+        writer.apply_watcher_event(&watcher::Event::Delete(pod("web-1-a", "a", true, false)));
+        assert!(look(&mut waits, &pods, &Fences::default(), grace, &mut rec, now).is_empty());
+        assert_eq!(waits.in_flight().len(), 1);
         // The replacement lands on n2, which the run fenced: a bounce, the workload backs off.
         apply(&mut writer, pod("web-1-c", "c", true, false));
         let fenced = Fences {
             nodes: ["n2".to_string()].into(),
             ..Default::default()
         };
-        assert_eq!(
-            waits.settle(&pods, &Metrics::new(), "p", &fenced, &mut rec),
-            Ok(())
-        );
-        assert!(waits.open.is_empty());
+        let ended = look(&mut waits, &pods, &fenced, grace, &mut rec, now);
+        assert_eq!(ended[0].1, Ended::Replaced { bounced: true });
+        assert_eq!(ended[0].0.detail.evicted_uid, "a");
+        assert!(waits.in_flight().is_empty());
         assert_eq!(rec.bounced, 1);
-        assert!(waits.backed_off.contains(&owner));
-        // Planned onto n7, landed on n2: counted as landed elsewhere; the wait has ended.
+        assert!(waits.backed_off().contains("ml/ReplicaSet/web-1"));
+        // Planned onto n7, landed on n2: counted as landed elsewhere.
         assert_eq!((rec.landed_as_planned, rec.landed_elsewhere), (0, 1));
-        assert_eq!(waits.ended, vec!["a".to_string()]);
     }
 
     #[test]
     fn a_replacement_on_its_planned_node_counts_as_landed_as_planned() {
         let (pods, mut writer) = kube::runtime::reflector::store::<CachedPod>();
-        let evicted = pod("web-1-a", "a", true, false);
-        let owner: Workload = ("ReplicaSet".into(), "web-1".into());
-        let mut waits = Waits::new(Duration::from_secs(60));
-        waits.open.push(Wait::new(
-            "ml/web-1-a",
-            &evicted,
-            owner,
-            HashSet::new(),
-            "n2",
-        ));
+        let now = t("2026-12-04T02:00:00Z");
+        let mut waits = evicted(&pods, "n2", now);
         apply(&mut writer, pod("web-1-c", "c", true, false));
         let mut rec = RunRecord::default();
-        assert_eq!(
-            waits.settle(&pods, &Metrics::new(), "p", &Fences::default(), &mut rec),
-            Ok(())
-        );
-        assert_eq!((rec.landed_as_planned, rec.landed_elsewhere), (1, 0));
-    }
-
-    #[test]
-    fn a_wait_past_the_timeout_stalls_the_run() {
-        let (pods, _writer) = kube::runtime::reflector::store::<CachedPod>();
-        let mut waits = Waits::new(Duration::from_millis(0));
-        let evicted = pod("web-1-a", "a", true, false);
-        waits.open.push(Wait::new(
-            "ml/web-1-a",
-            &evicted,
-            ("ReplicaSet".into(), "web-1".into()),
-            HashSet::new(),
-            "n2",
-        ));
-        std::thread::sleep(Duration::from_millis(5));
-        let r = waits.settle(
+        let ended = look(
+            &mut waits,
             &pods,
-            &Metrics::new(),
-            "p",
             &Fences::default(),
-            &mut RunRecord::default(),
+            Duration::from_secs(60),
+            &mut rec,
+            now,
         );
-        assert!(matches!(r, Err(Stop::Stalled(m)) if m.contains("ml/web-1-a")));
+        assert_eq!(ended.len(), 1);
+        assert_eq!((rec.landed_as_planned, rec.landed_elsewhere), (1, 0));
     }
 
     #[test]
