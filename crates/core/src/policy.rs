@@ -378,6 +378,24 @@ impl Policy {
     }
 }
 
+impl Default for DemandPolicy {
+    /// `spec.demand: {}`: every field at its documented default.
+    fn default() -> Self {
+        demand_policy(&gpu_defrag_api::v1alpha1::Demand::default())
+            .expect("the demand defaults are valid")
+    }
+}
+
+impl DemandPolicy {
+    /// The most evictions the next demand run may make when demand runs made `spent` in
+    /// the last hour: `maxEvictions`, lowered to what `maxEvictionsPerHour` leaves; `None`
+    /// when the hour's allowance is spent.
+    pub fn allowance(&self, spent: u32) -> Option<u32> {
+        let left = self.max_evictions_per_hour.saturating_sub(spent);
+        (left > 0).then(|| self.max_evictions.min(left))
+    }
+}
+
 /// Reads `spec.demand`.
 fn demand_policy(d: &gpu_defrag_api::v1alpha1::Demand) -> Result<DemandPolicy, PolicyError> {
     let min_wait = parse_duration(&d.min_wait).map_err(|m| err("spec.demand.minWait", m))?;
@@ -447,6 +465,17 @@ pub fn normalise(shapes: &mut [TargetShape]) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_demand_runs_allowance_is_its_limit_lowered_to_what_the_hour_leaves() {
+        let d = super::DemandPolicy::default();
+        assert_eq!(d.min_wait, super::Duration::from_secs(600));
+        assert_eq!((d.max_evictions, d.max_evictions_per_hour), (16, 64));
+        assert_eq!(d.allowance(0), Some(16));
+        assert_eq!(d.allowance(50), Some(14));
+        assert_eq!(d.allowance(64), None);
+        assert_eq!(d.allowance(90), None);
+    }
+
     #[test]
     fn system_namespaces_are_excluded_unless_said_otherwise() {
         let spec =

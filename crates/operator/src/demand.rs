@@ -21,7 +21,7 @@ use gpu_defrag_core::policy::{DemandPolicy, Policy};
 use crate::objects::{parse_ts, ts};
 
 /// Most waiting groups one reconcile searches rooms for.
-pub const GROUPS_PER_RECONCILE: usize = 3;
+pub use gpu_defrag_core::plan::demand::GROUPS_PER_LOOK as GROUPS_PER_RECONCILE;
 /// Records kept in `status.demand.recent`.
 pub const RECENT: usize = 5;
 /// `status.demand.recent[].result` of a run whose pods all bound on their rooms.
@@ -179,7 +179,7 @@ pub fn consider(
     let min_wait = Duration::from_std(d.min_wait).unwrap_or(Duration::MAX);
     let groups = waiting(cluster, policy, now, min_wait);
     let spent = evictions_last_hour(old, now);
-    let left = d.max_evictions_per_hour.saturating_sub(spent);
+    let allowance = d.allowance(spent);
     let since = |g: &[usize]| {
         g.iter()
             .filter_map(|&i| cluster.pods[i].unschedulable_since)
@@ -212,7 +212,7 @@ pub fn consider(
                 ));
                 continue;
             }
-            if left == 0 {
+            let Some(max_evictions) = allowance else {
                 findings.push(finding(
                     DemandOutcome::BudgetSpent.as_str(),
                     format!(
@@ -222,9 +222,9 @@ pub fn consider(
                     ),
                 ));
                 continue;
-            }
+            };
             let limits = DemandLimits {
-                max_evictions: d.max_evictions.min(left),
+                max_evictions,
                 ..DemandLimits::default()
             };
             let plan = plan_demand(cluster, policy, Some(now), &History::default(), g, &limits);

@@ -52,7 +52,8 @@ use gpu_defrag_api::v1alpha1::Window;
 use gpu_defrag_core::frag;
 use gpu_defrag_core::model::*;
 use gpu_defrag_core::plan::{self, History};
-use gpu_defrag_core::policy::{Policy, TargetShape};
+use gpu_defrag_core::policy::{DemandPolicy, Policy, TargetShape};
+use gpu_defrag_core::run::{self, Ended, Limits, RunState, Sent, Stop, Verdict};
 use gpu_defrag_core::sched;
 use gpu_defrag_core::windows::Windows;
 use rand::rngs::StdRng;
@@ -393,53 +394,54 @@ struct Fences {
     gpu: Vec<u8>,
 }
 
-/// Why a gpu-defrag run ended (the operator's run results and stop reasons).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum RunEnd {
-    /// Every planned eviction was sent and every replacement is Ready.
-    Succeeded,
-    /// `maxPendingGpuPods`: more GPU pods created since the run started are pending than
-    /// the limit plus the replacements in flight.
-    Pending,
-    /// A replacement was not Ready within `rescheduleTimeout`.
-    Stalled,
-    /// The window ended.
-    WindowClosed,
-}
-
-impl RunEnd {
-    fn key(self) -> &'static str {
-        match self {
-            RunEnd::Succeeded => "succeeded",
-            RunEnd::Pending => "pending",
-            RunEnd::Stalled => "stalled",
-            RunEnd::WindowClosed => "window-closed",
-        }
+/// The `runsEnded` key of how a run ended.
+fn end_key(stop: Option<&Stop>) -> &'static str {
+    match stop {
+        None => "succeeded",
+        Some(Stop::PendingPileUp(_)) => "pending",
+        Some(Stop::Stalled(_)) => "stalled",
+        Some(Stop::WindowClosed) => "window-closed",
+        Some(Stop::LostLeadership) => "lost-leadership",
+        Some(Stop::Requested(_)) => "stopped",
     }
 }
 
-/// A gpu-defrag run in progress: the executor's protocol over simulated time. One
-/// eviction at a time while fewer than `maxInFlight` replacements are not Ready; a
-/// replacement is Ready `ready_seconds` after it is bound; the guards (window,
-/// `maxPendingGpuPods`, `rescheduleTimeout`) are checked before each eviction; the
-/// fences hold until the run ends.
+/// A gpu-defrag run in progress: the operator's own run ([`gpu_defrag_core::run`]) over
+/// simulated time. A replacement is Ready `ready_seconds` after it is bound; the fences
+/// hold until the run ends.
 #[derive(Clone)]
-struct RunState {
+struct RunSim {
     /// The queue's sequence number when the run started: pods queued after it were
     /// created since (replacements, arrivals).
     start_seq: u64,
-    window_end: f64,
     /// Planned evictions in plan order: (pod, its node then, its epoch then).
     moves: Vec<(usize, u32, u32)>,
-    next: usize,
-    /// Evictions whose replacement is not Ready yet: (evicted pod = its replacement,
-    /// evicted at).
-    open: Vec<(usize, f64)>,
+    /// The run's decisions; each wait keeps its pod (= its replacement).
+    state: RunState<usize>,
+    /// When the run looks again.
     next_step: f64,
-    max_in_flight: usize,
-    max_pending: usize,
-    reschedule_timeout: f64,
     ready_seconds: f64,
+    /// Simulated time 0.
+    base: DateTime<Utc>,
+}
+
+impl RunSim {
+    fn at(&self, t: f64) -> DateTime<Utc> {
+        self.base + TimeDelta::milliseconds((t * 1000.0).round() as i64)
+    }
+
+    fn seconds(&self, at: DateTime<Utc>) -> f64 {
+        (at - self.base).num_milliseconds() as f64 / 1000.0
+    }
+}
+
+/// The workload of a replay pod in the run's state machine: its service, or itself (each
+/// trace task is its own workload).
+fn workload_of(sim: &Sim, pi: usize) -> String {
+    match sim.pods[pi].svc {
+        NONE => format!("pod-{pi}"),
+        s => format!("svc-{s}"),
+    }
 }
 
 #[derive(Clone)]
@@ -460,7 +462,7 @@ struct Sim<'a> {
     /// Fences in force (a gpu-defrag run): the scheduler skips them.
     fences: Option<Fences>,
     /// The gpu-defrag run in progress.
-    run: Option<RunState>,
+    run: Option<RunSim>,
     capacity: u64,
     alloc: u64,
     // measures
@@ -1262,7 +1264,7 @@ fn window(sim: &mut Sim, ctx: &Ctx, planner: &str, t: f64, window_end: f64) {
                         f.gpu[i] |= 1 << g;
                     }
                 }
-                let moves = p
+                let moves: Vec<(usize, u32, u32)> = p
                     .moves
                     .iter()
                     .map(|m| {
@@ -1270,18 +1272,25 @@ fn window(sim: &mut Sim, ctx: &Ctx, planner: &str, t: f64, window_end: f64) {
                         (pi, sim.pods[pi].node, sim.pods[pi].epoch)
                     })
                     .collect();
+                let steps = p
+                    .moves
+                    .iter()
+                    .zip(&moves)
+                    .map(|(m, &(pi, _, _))| run::Planned {
+                        pod: m.pod.clone(),
+                        batch: m.batch,
+                        workload: Some(workload_of(sim, pi)),
+                    })
+                    .collect();
                 sim.fences = Some(f);
-                sim.run = Some(RunState {
+                let end = ctx.base + TimeDelta::milliseconds((window_end * 1000.0).round() as i64);
+                sim.run = Some(RunSim {
                     start_seq: sim.seq,
-                    window_end,
                     moves,
-                    next: 0,
-                    open: Vec::new(),
+                    state: RunState::new(steps, Limits::of(&policy), end),
                     next_step: t,
-                    max_in_flight: policy.max_in_flight.max(1) as usize,
-                    max_pending: policy.max_pending_gpu_pods as usize,
-                    reschedule_timeout: policy.reschedule_timeout.as_secs_f64(),
                     ready_seconds: ctx.params.ready_seconds.max(0.0),
+                    base: ctx.base,
                 });
                 sim.runs += 1;
                 step_run(sim, t);
@@ -1298,84 +1307,80 @@ fn window(sim: &mut Sim, ctx: &Ctx, planner: &str, t: f64, window_end: f64) {
     sim.serve_all(t);
 }
 
-/// One step of the gpu-defrag run at time `t` (the executor's loop): settle the waits,
-/// check the guards, send the next eviction when there is room; else poll again later.
+/// One look of the gpu-defrag run at time `t`: the executor's shell over simulated time.
+/// A wait ends when its replacement has been bound `ready_seconds` (or its pod ended); the
+/// re-check verdict is the plan's own (the pod still on its node, same incarnation, else
+/// passed over); GPU pods pending since the start are those queued after it.
 fn step_run(sim: &mut Sim, t: f64) {
     let Some(mut r) = sim.run.take() else { return };
-    let end = loop {
-        // Waits: a replacement is Ready `ready_seconds` after it is bound; one that
-        // ended meanwhile (its lifetime) closes its wait too.
-        let mut stalled = false;
-        let mut next_ready = f64::INFINITY;
-        r.open.retain(|&(pi, since)| {
-            let p = &sim.pods[pi];
-            if p.node != NONE {
-                let ready = p.bound_at + r.ready_seconds;
-                if t >= ready {
-                    return false;
+    let now = r.at(t);
+    r.state.settle(|w| {
+        let p = &sim.pods[w.detail];
+        if p.node != NONE {
+            return (t >= p.bound_at + r.ready_seconds)
+                .then_some(Ended::Replaced { bounced: false });
+        }
+        let b = bucket_of(&sim.tpl[p.tpl as usize]);
+        // Not queued, not bound: it ended.
+        (!sim.queue[b].contains_key(&p.seq)).then_some(Ended::Replaced { bounced: false })
+    });
+    let mut step = r.state.next(None, true, now);
+    let stop = loop {
+        match step {
+            run::Step::Wait { until } => {
+                // The next look: a replacement's Ready, a poll while one is queued, a
+                // timeout.
+                let (mut next_ready, mut poll) = (f64::INFINITY, f64::INFINITY);
+                for w in r.state.in_flight() {
+                    let p = &sim.pods[w.detail];
+                    if p.node == NONE {
+                        poll = t + POLL_SECONDS;
+                    } else {
+                        next_ready = next_ready.min(p.bound_at + r.ready_seconds);
+                    }
                 }
-                next_ready = next_ready.min(ready);
-                return true;
+                let until = until.map_or(f64::INFINITY, |u| r.seconds(u));
+                r.next_step = next_ready.min(poll).min(until).max(t + 1e-3);
+                sim.run = Some(r);
+                return;
             }
-            let b = bucket_of(&sim.tpl[p.tpl as usize]);
-            if !sim.queue[b].contains_key(&p.seq) {
-                return false; // done
+            run::Step::Check(i) => {
+                let pending: usize = sim
+                    .queue
+                    .iter()
+                    .map(|q| q.range(r.start_seq + 1..).count())
+                    .sum();
+                let (pi, node, epoch) = r.moves[i];
+                let verdict = if sim.pods[pi].node == node && sim.pods[pi].epoch == epoch {
+                    Verdict::Go
+                } else {
+                    Verdict::PassOver // gone (ended) or elsewhere: its unit goes on
+                };
+                step = match r.state.judged(i, pending, verdict) {
+                    Some(s) => s,
+                    None => r.state.next(None, true, now),
+                };
             }
-            if t - since >= r.reschedule_timeout {
-                stalled = true;
+            run::Step::Evict(i) => {
+                let (pi, node, _) = r.moves[i];
+                sim.evict(&[pi], t);
+                sim.dequeue(pi);
+                if !sim.try_place(pi, t) {
+                    sim.enqueue(pi);
+                }
+                sim.serve_node(node as usize, t);
+                r.state.sent(i, Sent::Evicted(pi), now);
+                step = r.state.next(None, true, now);
             }
-            true
-        });
-        if stalled {
-            break Some(RunEnd::Stalled);
+            run::Step::GiveUp { .. } => step = r.state.next(None, true, now),
+            run::Step::Done(stop) => break stop,
         }
-        if t >= r.window_end {
-            break Some(RunEnd::WindowClosed);
-        }
-        if r.next >= r.moves.len() && r.open.is_empty() {
-            break Some(RunEnd::Succeeded);
-        }
-        if r.next >= r.moves.len() || r.open.len() >= r.max_in_flight {
-            // Wait for room: the next Ready, or a poll (a queued replacement).
-            let poll = if r.open.iter().any(|&(pi, _)| sim.pods[pi].node == NONE) {
-                t + POLL_SECONDS
-            } else {
-                f64::INFINITY
-            };
-            r.next_step = next_ready.min(poll).min(r.window_end).max(t + 1e-3);
-            break None;
-        }
-        // maxPendingGpuPods: GPU pods created since the run started (queued after it:
-        // replacements and arrivals) and pending, beyond the replacements in flight.
-        let pending: usize = sim
-            .queue
-            .iter()
-            .map(|q| q.range(r.start_seq + 1..).count())
-            .sum();
-        if pending > r.max_pending.saturating_add(r.open.len()) {
-            break Some(RunEnd::Pending);
-        }
-        let (pi, node, epoch) = r.moves[r.next];
-        r.next += 1;
-        if sim.pods[pi].node != node || sim.pods[pi].epoch != epoch {
-            continue; // gone (ended) or elsewhere: its unit goes on
-        }
-        sim.evict(&[pi], t);
-        sim.dequeue(pi);
-        if !sim.try_place(pi, t) {
-            sim.enqueue(pi);
-        }
-        sim.serve_node(node as usize, t);
-        r.open.push((pi, t));
     };
-    match end {
-        None => sim.run = Some(r),
-        Some(e) => {
-            *sim.runs_ended.entry(e.key().into()).or_default() += 1;
-            sim.fences = None;
-            sim.serve_all(t);
-        }
-    }
+    *sim.runs_ended
+        .entry(end_key(stop.as_ref()).into())
+        .or_default() += 1;
+    sim.fences = None;
+    sim.serve_all(t);
 }
 
 /// How often a run looks again at a replacement that is still queued, seconds (and how
@@ -1831,11 +1836,11 @@ pub fn run_all(a: &Args) -> anyhow::Result<serde_json::Value> {
             "services": a.params.services,
             "descheduler": "once per window opening, at its start",
             "demand": {
-                "minWaitSeconds": demand::MIN_WAIT,
-                "maxEvictions": demand::MAX_EVICTIONS,
-                "maxEvictionsPerHour": demand::MAX_PER_HOUR,
+                "minWaitSeconds": DemandPolicy::default().min_wait.as_secs_f64(),
+                "maxEvictions": DemandPolicy::default().max_evictions,
+                "maxEvictionsPerHour": DemandPolicy::default().max_evictions_per_hour,
                 "pollSeconds": POLL_SECONDS,
-                "triesPerPoll": demand::DEMAND_TRIES,
+                "triesPerPoll": gpu_defrag_core::plan::demand::GROUPS_PER_LOOK,
                 "kaiPodsPerPoll": demand::KAI_PER_POLL,
             },
         },
@@ -2214,17 +2219,30 @@ mod tests {
             f.gpu[0] = 0;
             sim.fences = Some(f);
         };
-        let run = |sim: &Sim, moves: Vec<(usize, u32, u32)>| RunState {
-            start_seq: sim.seq,
-            window_end: 10.0 * HOUR,
-            moves,
-            next: 0,
-            open: Vec::new(),
-            next_step: HOUR,
-            max_in_flight: 1,
-            max_pending: 2,
-            reschedule_timeout: 600.0,
-            ready_seconds: 30.0,
+        let run = |sim: &Sim, moves: Vec<(usize, u32, u32)>| {
+            let steps = moves
+                .iter()
+                .map(|&(pi, _, _)| run::Planned {
+                    pod: format!("ns/p{pi}"),
+                    batch: 0,
+                    workload: Some(workload_of(sim, pi)),
+                })
+                .collect();
+            let limits = Limits {
+                max_in_flight: 1,
+                per_workload: 1,
+                reschedule_timeout: std::time::Duration::from_secs(600),
+                max_pending: 2,
+            };
+            let base = base_time();
+            RunSim {
+                start_seq: sim.seq,
+                moves,
+                state: RunState::new(steps, limits, base + TimeDelta::hours(10)),
+                next_step: HOUR,
+                ready_seconds: 30.0,
+                base,
+            }
         };
         // Ten 8-GPU pods queued before the run: it still evicts.
         let mut sim = Sim::new(&t, nodes(1, 8), Placer::BinPack, Vec::new());

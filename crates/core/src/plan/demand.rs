@@ -34,6 +34,10 @@ pub struct DemandLimits {
 /// `demand.maxEvictions` by default.
 pub const DEFAULT_DEMAND_EVICTIONS: u32 = 16;
 
+/// Most waiting groups one look (a reconcile) searches rooms for, oldest first; the first
+/// one planned runs.
+pub const GROUPS_PER_LOOK: usize = 3;
+
 impl Default for DemandLimits {
     fn default() -> Self {
         DemandLimits {

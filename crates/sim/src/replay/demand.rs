@@ -4,11 +4,12 @@
 //!
 //! - `gpu-defrag-demand`: the nightly `gpu-defrag` row, plus at every poll
 //!   (`POLL_SECONDS`, 30 s) while no nightly run is in progress: the oldest pending GPU pods
-//!   that have waited at least [`MIN_WAIT`] and fit no node, oldest first, up to
-//!   [`DEMAND_TRIES`] of them, are offered to the planner one at a time with the nightly
+//!   that have waited at least `demand.minWait` and fit no node, oldest first, up to
+//!   [`GROUPS_PER_LOOK`] of them, are offered to the planner one at a time with the nightly
 //!   policy (default limits: 8 per node, minPodAge 10 m, one unavailable replica per
-//!   workload) and at most [`MAX_EVICTIONS`] evictions, lowered to what
-//!   [`MAX_PER_HOUR`] demand evictions in the last hour leave; the first `Planned` one
+//!   workload) and at most `demand.maxEvictions`, lowered to what
+//!   `demand.maxEvictionsPerHour` leaves ([`DemandPolicy::allowance`]; the operator's own
+//!   defaults and rule, from the core); the first `Planned` one
 //!   runs: its pods are evicted (instant in the replay) and the served pod is bound on
 //!   its room at once, before the queue is served (the hold: no other pod takes the room
 //!   first); then the queue, the evicted pods among it, is served by the bin-packing
@@ -19,7 +20,7 @@
 //!   node (no minimum wait: KAI consolidates in every scheduling cycle), oldest first, up
 //!   to [`KAI_PER_POLL`] of them, each through the same planner with a loosened policy:
 //!   no PDBs (the replay has none), no per-node, per-namespace, per-workload or per-run
-//!   limit, `minPodAge` 0, no hourly cap, at most [`MAX_EVICTIONS`] evictions of pods of
+//!   limit, `minPodAge` 0, no hourly cap, at most [`KAI_MAX_EVICTIONS`] evictions of pods of
 //!   lower or equal priority (all pods of the replay have priority 0) that all re-fit
 //!   elsewhere. The pods are evicted and the queue is served in its order: no hold, the
 //!   room goes to whichever queued pod the scheduler gives it.
@@ -27,20 +28,14 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use chrono::TimeDelta;
 use gpu_defrag_core::plan::History;
-use gpu_defrag_core::plan::demand::{DemandLimits, DemandOutcome, plan_demand};
-use gpu_defrag_core::policy::Policy;
+use gpu_defrag_core::plan::demand::{DemandLimits, DemandOutcome, GROUPS_PER_LOOK, plan_demand};
+use gpu_defrag_core::policy::{DemandPolicy, Policy};
 use serde::Serialize;
 
 use super::{Ctx, GPU_MILLI, NONE, Sim, gpu_defrag_policy, to_cluster_on};
 
-/// `demand.minWait`: how long a pod is unschedulable before a demand run serves it.
-pub const MIN_WAIT: f64 = 600.0;
-/// `demand.maxEvictions` (the core's default) and KAI's consolidation limit.
-pub const MAX_EVICTIONS: u32 = 16;
-/// `maxEvictionsPerHour` of the policy, for demand evictions.
-pub const MAX_PER_HOUR: usize = 64;
-/// Pods offered to the demand planner per poll (oldest first; the first planned runs).
-pub const DEMAND_TRIES: usize = 3;
+/// KAI's consolidation limit: evictions per consolidation.
+pub const KAI_MAX_EVICTIONS: u32 = 16;
 /// Pods KAI consolidation tries per poll (oldest first).
 pub const KAI_PER_POLL: usize = 4;
 /// After a search found no room for a pod, pods of the same GPU shape (GPUs, milli per
@@ -229,10 +224,11 @@ pub(super) fn poll(sim: &mut Sim, ctx: &Ctx, planner: &str, t: f64) {
     if !kai && sim.run.is_some() {
         return; // the nightly run is in progress
     }
+    let demand = DemandPolicy::default();
     let (min_wait, tries) = if kai {
         (0.0, KAI_PER_POLL)
     } else {
-        (MIN_WAIT, DEMAND_TRIES)
+        (demand.min_wait.as_secs_f64(), GROUPS_PER_LOOK)
     };
     let cands = candidates(sim, t, min_wait, tries);
     if cands.is_empty() {
@@ -258,18 +254,19 @@ pub(super) fn poll(sim: &mut Sim, ctx: &Ctx, planner: &str, t: f64) {
         {
             continue; // placed or placeable after an earlier consolidation of this poll
         }
-        let mut max = MAX_EVICTIONS;
-        if !kai {
+        let max = if kai {
+            KAI_MAX_EVICTIONS
+        } else {
             while sim.demand.log.front().is_some_and(|&e| e <= t - 3600.0) {
                 sim.demand.log.pop_front();
             }
-            let left = MAX_PER_HOUR.saturating_sub(sim.demand.log.len()) as u32;
-            if left == 0 {
+            let spent = u32::try_from(sim.demand.log.len()).unwrap_or(u32::MAX);
+            let Some(max) = demand.allowance(spent) else {
                 *sim.demand.outcomes.entry("hourlyCap".into()).or_default() += 1;
                 return;
-            }
-            max = max.min(left);
-        }
+            };
+            max
+        };
         let per_node = if kai {
             max
         } else {
