@@ -40,7 +40,7 @@ pub const MAX_MESSAGE: usize = 512;
 pub const OUTSIDE_WINDOW_RUN: Duration = Duration::hours(1);
 
 /// A demand run to start.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DemandStart {
     /// The plan and the rooms.
     pub plan: DemandPlan,

@@ -660,6 +660,15 @@ impl Metrics {
         self.0.reconcile_duration.observe(seconds);
     }
 
+    /// Times a reconcile until the guard is dropped, whatever way it ends (success, error,
+    /// early return).
+    pub fn reconcile_timer(&self) -> ReconcileTimer<'_> {
+        ReconcileTimer {
+            metrics: self,
+            started: std::time::Instant::now(),
+        }
+    }
+
     /// Exports whether the policy's maintenance window is open.
     pub fn set_window(&self, policy_name: &str, open: bool) {
         self.0
@@ -798,6 +807,19 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Observes `gpu_defrag_reconcile_duration_seconds` when dropped ([`Metrics::reconcile_timer`]).
+pub struct ReconcileTimer<'a> {
+    metrics: &'a Metrics,
+    started: std::time::Instant,
+}
+
+impl Drop for ReconcileTimer<'_> {
+    fn drop(&mut self) {
+        self.metrics
+            .observe_reconcile(self.started.elapsed().as_secs_f64());
     }
 }
 

@@ -18,6 +18,7 @@ use gpu_defrag_core::windows::{Span, Windows};
 use kube::ResourceExt;
 
 use crate::context::EventReason;
+use crate::demand::{self, Considered, DemandStart};
 use crate::executor::evictor::DRY_RUN_CHECKS;
 use crate::idle::{GPU_UTIL, IdleSource, IdleState, SM_ACTIVE};
 use crate::objects::{parse_ts, ts};
@@ -162,6 +163,55 @@ pub enum RunDecision {
     Start(DateTime<Utc>),
     /// No run: remove fences this policy may have left.
     RemoveStaleFences,
+    /// Remove fences this policy may have left, then start a demand run that stops
+    /// sending evictions at `end` (the window's end, or [`demand::OUTSIDE_WINDOW_RUN`]
+    /// from now outside the windows).
+    Demand {
+        /// The run.
+        start: Box<DemandStart>,
+        /// When it stops sending evictions.
+        end: DateTime<Utc>,
+    },
+}
+
+/// What one reconcile decides about runs: one decision, a demand run being one of its
+/// arms, and what demand found (for `status.demand`).
+#[derive(Debug, Clone)]
+pub struct Decided {
+    /// What to do about runs.
+    pub run: RunDecision,
+    /// What demand found (`None`: no `spec.demand`); its run, if any, is in `run`.
+    pub demand: Option<Considered>,
+}
+
+/// The reconcile's decision: the window run's ([`run_decision`]); when that leaves the
+/// policy idle (no run alive or recorded) and it may act (Enforce, not suspended, no
+/// conflict, a window open or `demand.outsideWindows`), a demand run for the oldest group
+/// waiting ([`demand::consider`]).
+pub fn decide(s: &Situation, running: bool, policy: &Policy, cluster: &Cluster) -> Decided {
+    let mut run = run_decision(s, running);
+    let idle = !running
+        && s.old.active_run.is_none()
+        && matches!(run, RunDecision::Nothing | RunDecision::RemoveStaleFences);
+    let may_start = idle
+        && must_stop(s).is_none()
+        && s.conflict.is_none()
+        && (s.open.is_some() || s.demand_anytime);
+    let mut demand = policy
+        .demand
+        .as_ref()
+        .map(|d| demand::consider(d, policy, cluster, s.old, s.now, may_start));
+    if let Some(start) = demand.as_mut().and_then(|c| c.start.take()) {
+        let end = match s.open {
+            Some(span) => span.end,
+            None => s.now + demand::OUTSIDE_WINDOW_RUN,
+        };
+        run = RunDecision::Demand {
+            start: Box::new(start),
+            end,
+        };
+    }
+    Decided { run, demand }
 }
 
 /// Why a run of this policy must not go on, if it must not: suspended or DryRun.

@@ -37,8 +37,9 @@ const DEMAND_RECHECK: Duration = Duration::from_secs(10);
 pub const DRY_RUN_EVERY: Duration = Duration::from_secs(300);
 
 /// The reconcile.
+#[tracing::instrument(skip_all, fields(policy = %dp.name_any()))]
 pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    let started = Instant::now();
+    let _timer = ctx.metrics.reconcile_timer();
     if let Some(wait) = gate(&ctx) {
         return Ok(Action::requeue(wait));
     }
@@ -74,25 +75,12 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
             .await;
     }
     let running = ctx.run_alive(&dp.name_any()).await;
-    let decision = decide::run_decision(&s, running);
-    let idle_now = !running
-        && old.active_run.is_none()
-        && matches!(
-            decision,
-            RunDecision::Nothing | RunDecision::RemoveStaleFences
-        );
-    let mut run_note = act(&ctx, &dp, &policy, decision).await?;
-    let considered = policy.demand.as_ref().map(|d| {
-        let may_start = idle_now
-            && s.enforce
-            && !s.suspended
-            && s.conflict.is_none()
-            && (s.open.is_some() || s.demand_anytime);
-        demand::consider(d, &policy, &obs.cluster, &old, now, may_start)
-    });
-    if let Some(c) = &considered {
-        act_on_demand(&ctx, &dp, &policy, c, s.open, now, &mut run_note).await;
+    let decided = decide::decide(&s, running, &policy, &obs.cluster);
+    if let Some(c) = &decided.demand {
+        tell_demand(&ctx, &dp, c).await;
     }
+    let run_note = act(&ctx, &dp, &policy, decided.run).await?;
+    let considered = decided.demand;
     let check = check(&ctx, &dp, &obs.plan).await;
     let window = windows.status(now);
     let wanted = decide::conditions(
@@ -122,8 +110,6 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
         idle.as_ref(),
         s.open.is_some(),
     );
-    ctx.metrics
-        .observe_reconcile(started.elapsed().as_secs_f64());
     let mut requeue = decide::requeue_after(&windows, now);
     if !outages_told {
         requeue = requeue.min(RETELL_OUTAGES);
@@ -154,6 +140,7 @@ pub const STOP_WAIT: Duration = Duration::from_secs(30);
 /// A deleted policy (its finalizer): its run stops before the next eviction and takes its
 /// fences back; a run no task owns (the operator was down) is ended here; then any fence
 /// of the policy still on a node is removed. Only then may the object go.
+#[tracing::instrument(skip_all, fields(policy = %dp.name_any()))]
 pub async fn cleanup(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let name = dp.name_any();
     let why = "the policy was deleted";
@@ -246,17 +233,9 @@ async fn refuse(
     Ok(Action::requeue(decide::INVALID_RESYNC))
 }
 
-/// Starts the demand run decided, if any; tells the pods no room can be made for, once
-/// per new finding; exports the demand series.
-async fn act_on_demand(
-    ctx: &Arc<Ctx>,
-    dp: &Arc<DefragPolicy>,
-    policy: &Policy,
-    c: &demand::Considered,
-    open: Option<gpu_defrag_core::windows::Span>,
-    now: DateTime<Utc>,
-    note: &mut String,
-) {
+/// Tells the pods no room can be made for, once per new finding; exports the demand
+/// series.
+async fn tell_demand(ctx: &Ctx, dp: &DefragPolicy, c: &demand::Considered) {
     let name = dp.name_any();
     ctx.metrics.set_demand_waiting(&name, c.waiting as u64);
     for r in &c.new_records {
@@ -282,23 +261,6 @@ async fn act_on_demand(
             .await;
         }
     }
-    let Some(start) = c.start.clone() else {
-        return;
-    };
-    let end = match open {
-        Some(span) => span.end,
-        None => now + demand::OUTSIDE_WINDOW_RUN,
-    };
-    info!(policy = %name, pods = ?start.run.pods, nodes = ?start.run.nodes, evictions = start.plan.plan.moves.len(), "demand run started");
-    *note = format!("demand run started: {}", start.plan.why);
-    executor::start(
-        ctx.clone(),
-        dp.clone(),
-        policy.clone(),
-        end,
-        executor::Start::Demand(Box::new(start)),
-    )
-    .await;
 }
 
 /// Carries out the run decision; says what it did (empty: nothing new).
@@ -349,6 +311,20 @@ async fn act(
             executor::remove_stale_fences(ctx, &name).await?;
             String::new()
         }
+        RunDecision::Demand { start, end } => {
+            executor::remove_stale_fences(ctx, &name).await?;
+            info!(policy = %name, pods = ?start.run.pods, nodes = ?start.run.nodes, evictions = start.plan.plan.moves.len(), "demand run started");
+            let note = format!("demand run started: {}", start.plan.why);
+            executor::start(
+                ctx.clone(),
+                dp.clone(),
+                policy.clone(),
+                end,
+                executor::Start::Demand(start),
+            )
+            .await;
+            note
+        }
     })
 }
 
@@ -360,15 +336,20 @@ async fn check(ctx: &Ctx, dp: &DefragPolicy, plan: &Plan) -> Option<DryRunCheck>
     }
     let name = dp.name_any();
     let fp = decide::fingerprint(plan);
-    let mut checks = ctx.dry_checks.lock().await;
-    match checks.get(&name) {
-        Some((f, at, c)) if *f == fp && at.elapsed() < DRY_RUN_EVERY => Some(c.clone()),
-        _ => {
-            let c = Evictor::of(ctx, dp).dry_run_check(plan).await;
-            checks.insert(name, (fp, Instant::now(), c.clone()));
-            Some(c)
-        }
+    // The lock is not held across the dry runs (API calls): a policy is reconciled by one
+    // task at a time, so no two checks of one policy race.
+    if let Some((f, at, c)) = ctx.dry_checks.lock().await.get(&name)
+        && *f == fp
+        && at.elapsed() < DRY_RUN_EVERY
+    {
+        return Some(c.clone());
     }
+    let c = Evictor::of(ctx, dp).dry_run_check(plan).await;
+    ctx.dry_checks
+        .lock()
+        .await
+        .insert(name, (fp, Instant::now(), c.clone()));
+    Some(c)
 }
 
 /// Writes the reconciler's part of the status when anything but timestamps changed.
