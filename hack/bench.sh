@@ -377,8 +377,9 @@ RECONCILENOTE
 **Demand runs at scale** (\`$DEMAND_COST_CMD\`): the same generated cluster with 240,000
 pods (the cluster over-full, many pending) and four pending 8-GPU pods that fit no node,
 under a policy with \`demand: {minWait: 0s, outsideWindows: true}\`: the reconcile's
-demand part (the waiting pods found, then up to three demand searches) took
-$(fmt 2 "$(num .phaseCpuSeconds.demand "$TMP/reconcile-demand.json")") s of CPU of a
+decision (\`decide::decide\`: the run decision and its demand arm — the waiting pods
+found, then up to three demand searches) took
+$(fmt 2 "$(num .phaseCpuSeconds.decide "$TMP/reconcile-demand.json")") s of CPU of a
 $(fmt 2 "$(num .reconcileCpuSeconds "$TMP/reconcile-demand.json")") s reconcile
 (waiting groups, evictions of the demand run started and its search steps:
 \`$(jq -c .demand "$TMP/reconcile-demand.json")\`).

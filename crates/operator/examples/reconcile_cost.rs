@@ -15,11 +15,12 @@
 //!   Ready, placed by a spreading scheduler (random node and device that fit: fragmented;
 //!   a pod that fits nowhere stays Pending), ReplicaSet metadata (owner reference to its
 //!   Deployment), Namespaces, and a PodDisruptionBudget per tenth workload.
-//! - **Measured**: each repetition does what one reconcile computes from the caches
-//!   (`reconcile.rs`): `decide::validate`, the model of the stores' objects
-//!   (`ingest::build_cluster_from`, as `Ctx::cluster`), `Observed::of` (report and plan, as
-//!   `Ctx::observe`), `decide::conflicts_with`, the run decision, conditions, status,
-//!   `status_changed`, the status patch body, and the policy's metrics. CPU time of the
+//! - **Measured**: each repetition does what one reconcile computes from the caches, by
+//!   the reconcile's own functions (`reconcile.rs`): `decide::validate`, the model of the
+//!   stores' objects (`ingest::build_cluster_from`, as `Ctx::cluster`), `Observed::of`
+//!   (report and plan, as `Ctx::observe`), `decide::conflicts_with`, `Situation::of`,
+//!   `decide::decide` (the run decision with its demand arm), `decide::reconciled_status`,
+//!   `status_changed`, the status patch body, and `reconcile::record_metrics`. CPU time of the
 //!   thread (`/proc/thread-self/schedstat`) and wall time; the median is printed.
 //! - **Peak RSS**: `VmHWM` of `/proc/self/status` at the end. It includes the generation
 //!   of the objects (built one at a time straight into the stores; the generator keeps
@@ -36,9 +37,9 @@ use gpu_defrag_core::model::Activity;
 use gpu_defrag_core::workload::{ControllerKind, Listed};
 use gpu_defrag_operator::context::Observed;
 use gpu_defrag_operator::controller::decide::{self, Situation};
-use gpu_defrag_operator::metrics::{Metrics, ReportNumbers};
-use gpu_defrag_operator::objects::{CachedPod, trim_node, ts};
-use gpu_defrag_operator::status;
+use gpu_defrag_operator::controller::reconcile::record_metrics;
+use gpu_defrag_operator::metrics::Metrics;
+use gpu_defrag_operator::objects::{CachedPod, trim_node};
 use k8s_openapi::api::core::v1::{
     Container, Node, NodeCondition, NodeSpec, NodeStatus, Pod, PodCondition, PodSpec, PodStatus,
     ResourceRequirements,
@@ -538,60 +539,41 @@ fn reconcile_once(caches: &Caches, dp: &DefragPolicy, metrics: &Metrics) -> Outc
     ph.lap("report+plan", &mut clock);
     let all = [Arc::new(dp.clone())];
     let conflict = decide::conflicts_with(dp, &all, &obs.cluster);
-    let s = Situation {
-        now,
-        old: &old,
-        enforce: decide::enforces(dp),
-        suspended: dp.spec.suspend,
-        conflict: conflict.as_deref(),
-        open: windows.open_at(now),
-        report: &obs.report,
-        plan: &obs.plan,
-        min_fragment_rate: policy.min_fragment_rate,
-        min_nodes_freed: policy.min_nodes_freed,
-        demand_anytime: policy.demand.as_ref().is_some_and(|d| d.outside_windows),
-    };
+    // The reconcile's own functions, in its order (the API calls left out: no run acted
+    // on, no dry-run check).
+    let s = Situation::of(dp, &policy, &windows, &old, &obs, conflict.as_deref(), now);
     let _ = decide::newly_without_gpu_nodes(&s);
-    let _decision = decide::run_decision(&s, false);
-    let window = windows.status(now);
-    let wanted = decide::conditions(&s, window.as_ref(), false, "", None, None);
-    let conds = status::conditions(&old.conditions, &wanted, dp.metadata.generation, &ts(now));
-    let st = decide::status(&s, conds, dp.metadata.generation, window, None, None);
-    ph.lap("decide+status+metrics", &mut clock);
-    let demand = policy.demand.as_ref().map(|d| {
-        let c = gpu_defrag_operator::demand::consider(d, &policy, &obs.cluster, &old, now, true);
+    let decided = decide::decide(&s, false, &policy, &obs.cluster);
+    ph.lap("decide", &mut clock);
+    let st = decide::reconciled_status(
+        &s,
+        dp,
+        &windows,
+        false,
+        "",
+        None,
+        None,
+        decided.demand.as_ref(),
+    );
+    let changed = decide::status_changed(&old, &st);
+    let body = serde_json::to_vec(&st).expect("status serialises");
+    std::hint::black_box(changed);
+    record_metrics(metrics, "bench", &policy, &obs, None, s.open.is_some());
+    ph.lap("status+metrics", &mut clock);
+    let demand = decided.demand.as_ref().map(|c| {
+        let start = match &decided.run {
+            decide::RunDecision::Demand { start, .. } => Some(start),
+            _ => None,
+        };
         (
             c.waiting,
-            c.start.as_ref().map_or(0, |st| st.plan.plan.moves.len()),
-            c.start
-                .as_ref()
+            start.map_or(0, |st| st.plan.plan.moves.len()),
+            start
                 .map(|st| st.plan.steps)
                 .or_else(|| c.status.recent.first().map(|_| 0)),
             c.status.recent.first().map(|r| r.result.clone()),
         )
     });
-    ph.lap("demand", &mut clock);
-    let changed = decide::status_changed(&old, &st);
-    let body = serde_json::to_vec(&st).expect("status serialises");
-    std::hint::black_box(changed);
-    let r = &obs.report;
-    metrics.set_report(
-        "bench",
-        &ReportNumbers {
-            fragment_rate: r.fragment_rate,
-            idle_milli: r.idle_milli,
-            fragment_milli: r.fragment_milli,
-            fully_free_gpus: r.fully_free_gpus,
-            fully_free_nodes: r.fully_free_nodes,
-            unknown_pods: r.unknown_pods,
-            pending_unplaceable: r.pending_unplaceable,
-        },
-    );
-    metrics.set_trigger("bench", policy.min_fragment_rate);
-    metrics.set_plan("bench", obs.plan.moves.len() as u64, &obs.plan.skipped);
-    metrics.set_window("bench", s.open.is_some());
-    metrics.set_gpus(&obs.cluster.nodes);
-    ph.lap("decide+status+metrics", &mut clock);
     let (moves, fragment_rate, pods_in_model) = (
         obs.plan.moves.len(),
         obs.report.fragment_rate,

@@ -17,7 +17,7 @@ use gpu_defrag_core::policy::Policy;
 use gpu_defrag_core::windows::{Span, Windows};
 use kube::ResourceExt;
 
-use crate::context::EventReason;
+use crate::context::{EventReason, Observed};
 use crate::demand::{self, Considered, DemandStart};
 use crate::executor::evictor::DRY_RUN_CHECKS;
 use crate::idle::{GPU_UTIL, IdleSource, IdleState, SM_ACTIVE};
@@ -140,6 +140,61 @@ impl Situation<'_> {
     pub fn pays(&self) -> bool {
         self.nodes_freed() >= u64::from(self.min_nodes_freed)
     }
+}
+
+impl<'a> Situation<'a> {
+    /// The situation of policy `dp` at `now`: `old` its status, `obs` what the reconcile
+    /// observed, `conflict` the older policy it overlaps, if any.
+    pub fn of(
+        dp: &DefragPolicy,
+        policy: &Policy,
+        windows: &Windows,
+        old: &'a DefragPolicyStatus,
+        obs: &'a Observed,
+        conflict: Option<&'a str>,
+        now: DateTime<Utc>,
+    ) -> Self {
+        Situation {
+            now,
+            old,
+            enforce: enforces(dp),
+            suspended: dp.spec.suspend,
+            conflict,
+            open: windows.open_at(now),
+            report: &obs.report,
+            plan: &obs.plan,
+            min_fragment_rate: policy.min_fragment_rate,
+            min_nodes_freed: policy.min_nodes_freed,
+            demand_anytime: policy.demand.as_ref().is_some_and(|d| d.outside_windows),
+        }
+    }
+}
+
+/// The reconciler's part of the status after a reconcile: the conditions (with what the
+/// reconcile did, `run_note`, and the dry-run check), the window, the report and plan, and
+/// what demand found.
+#[allow(clippy::too_many_arguments)]
+pub fn reconciled_status(
+    s: &Situation,
+    dp: &DefragPolicy,
+    windows: &Windows,
+    running: bool,
+    run_note: &str,
+    check: Option<DryRunCheck>,
+    idle: Option<&IdleView>,
+    demand: Option<&Considered>,
+) -> DefragPolicyStatus {
+    let window = windows.status(s.now);
+    let wanted = conditions(s, window.as_ref(), running, run_note, check.as_ref(), idle);
+    let conds = status::conditions(
+        &s.old.conditions,
+        &wanted,
+        dp.metadata.generation,
+        &ts(s.now),
+    );
+    let mut st = status(s, conds, dp.metadata.generation, window, check, idle);
+    st.demand = demand.map(|c| c.status.clone());
+    st
 }
 
 /// What to do about runs.

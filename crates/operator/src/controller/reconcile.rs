@@ -23,7 +23,7 @@ use crate::apiclient;
 use crate::context::{Ctx, Error, EventReason, Observed, RECONCILE_MANAGER, patch_status};
 use crate::demand;
 use crate::executor::{self, evictor::Evictor, fences};
-use crate::metrics::ReportNumbers;
+use crate::metrics::{Metrics, ReportNumbers};
 use crate::objects::ts;
 use crate::status;
 
@@ -56,19 +56,7 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
         .as_ref()
         .map(|src| decide::idle_view(src, &obs.cluster, &policy));
     let conflict = decide::conflicts_with(&dp, &ctx.policies.state(), &obs.cluster);
-    let s = Situation {
-        now,
-        old: &old,
-        enforce: decide::enforces(&dp),
-        suspended: dp.spec.suspend,
-        conflict: conflict.as_deref(),
-        open: windows.open_at(now),
-        report: &obs.report,
-        plan: &obs.plan,
-        min_fragment_rate: policy.min_fragment_rate,
-        min_nodes_freed: policy.min_nodes_freed,
-        demand_anytime: policy.demand.as_ref().is_some_and(|d| d.outside_windows),
-    };
+    let s = Situation::of(&dp, &policy, &windows, &old, &obs, conflict.as_deref(), now);
     if decide::newly_without_gpu_nodes(&s) {
         let note = decide::NO_GPU_NODES.to_string();
         ctx.event(&dp, EventType::Warning, EventReason::NoGpuNodes, note, None)
@@ -82,28 +70,19 @@ pub async fn reconcile(dp: Arc<DefragPolicy>, ctx: Arc<Ctx>) -> Result<Action, E
     let run_note = act(&ctx, &dp, &policy, decided.run).await?;
     let considered = decided.demand;
     let check = check(&ctx, &dp, &obs.plan).await;
-    let window = windows.status(now);
-    let wanted = decide::conditions(
+    let st = decide::reconciled_status(
         &s,
-        window.as_ref(),
+        &dp,
+        &windows,
         running,
         &run_note,
-        check.as_ref(),
-        idle.as_ref(),
-    );
-    let conds = status::conditions(&old.conditions, &wanted, dp.metadata.generation, &ts(now));
-    let mut st = decide::status(
-        &s,
-        conds,
-        dp.metadata.generation,
-        window,
         check,
         idle.as_ref(),
+        considered.as_ref(),
     );
-    st.demand = considered.as_ref().map(|c| c.status.clone());
     write_status(&ctx, &dp.name_any(), &old, &st).await?;
     record_metrics(
-        &ctx,
+        &ctx.metrics,
         &dp.name_any(),
         &policy,
         &obs,
@@ -372,8 +351,9 @@ async fn write_status(
 }
 
 /// The policy's series: fragmentation, trigger, idle GPUs, plan, window, GPUs.
-fn record_metrics(
-    ctx: &Ctx,
+/// Exports a policy's series of one reconcile.
+pub fn record_metrics(
+    metrics: &Metrics,
     name: &str,
     policy: &Policy,
     obs: &Observed,
@@ -381,7 +361,7 @@ fn record_metrics(
     window_open: bool,
 ) {
     let r = &obs.report;
-    ctx.metrics.set_report(
+    metrics.set_report(
         name,
         &ReportNumbers {
             fragment_rate: r.fragment_rate,
@@ -393,21 +373,20 @@ fn record_metrics(
             pending_unplaceable: r.pending_unplaceable,
         },
     );
-    ctx.metrics.set_trigger(name, policy.min_fragment_rate);
-    ctx.metrics.set_idle(
+    metrics.set_trigger(name, policy.min_fragment_rate);
+    metrics.set_idle(
         name,
         idle.and_then(|v| v.numbers.as_ref())
             .map(|r| (r.pods, r.gpus, r.milli)),
     );
-    ctx.metrics
-        .set_plan(name, obs.plan.moves.len() as u64, &obs.plan.skipped);
+    metrics.set_plan(name, obs.plan.moves.len() as u64, &obs.plan.skipped);
     let mut mig: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
     for m in &r.mig {
         let e = mig.entry(m.profile.clone()).or_default();
         e.0 += m.used;
         e.1 += m.free;
     }
-    ctx.metrics.set_mig(name, &mig);
-    ctx.metrics.set_window(name, window_open);
-    ctx.metrics.set_gpus(&obs.cluster.nodes);
+    metrics.set_mig(name, &mig);
+    metrics.set_window(name, window_open);
+    metrics.set_gpus(&obs.cluster.nodes);
 }
