@@ -7,10 +7,73 @@
 //! offered only when it is *empty* — every GPU free — and a pod is nominated only where it
 //! fits whole, by every rule the planner checks.
 use std::collections::HashSet;
+use std::time::Duration;
 
 use crate::frag::Capacity;
 use crate::model::{Cluster, Taint};
 use crate::sched;
+
+/// What landing control does with one replacement it holds at creation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Held {
+    /// Nominate it onto this node (the one its move planned), then release it.
+    Nominate(String),
+    /// Release it without a nomination (why).
+    Release(Released),
+    /// Keep it held: its expectation may be another process's, or not here yet.
+    Keep,
+}
+
+/// Why a held pod is released without a nomination (the `action` label of
+/// `gpu_defrag_landing_actions_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Released {
+    /// The first pass after the process started: nothing it held before is expected now.
+    Swept,
+    /// Held for the hold timeout.
+    TimedOut,
+    /// The leader expects no replacement of its workload.
+    Unexpected,
+}
+
+impl Released {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Released::Swept => "swept",
+            Released::TimedOut => "timed_out",
+            Released::Unexpected => "released",
+        }
+    }
+}
+
+/// The decision on one held pod: `sweep` on the first pass after start; `leads` whether
+/// this process leads; `expected` the planned node of the open expectation of its workload
+/// the leader took for it (none: no such expectation, or not the leader); `age` how long
+/// it has been held, `hold` the hold timeout. The leader holds nothing it does not expect;
+/// a standby keeps a pod until the hold times out (the leader may expect it).
+pub fn held_pod(
+    sweep: bool,
+    leads: bool,
+    expected: Option<&str>,
+    age: Duration,
+    hold: Duration,
+) -> Held {
+    if sweep {
+        return Held::Release(Released::Swept);
+    }
+    if leads && let Some(node) = expected {
+        return Held::Nominate(node.to_string());
+    }
+    if age >= hold {
+        return Held::Release(Released::TimedOut);
+    }
+    if leads {
+        Held::Release(Released::Unexpected)
+    } else {
+        Held::Keep
+    }
+}
 
 /// Which of the `queued` pods (UIDs of the GPU pods pending when the run started) to
 /// nominate onto which of `nodes` (the nodes the run emptied), as `(pod index, node index)`.

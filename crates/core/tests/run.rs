@@ -1,5 +1,6 @@
 //! The run's state machine (`gpu_defrag_core::run`): every stop reason, the pacing, the
-//! units given up, the hold; and a property test of its limits.
+//! units given up, the hold; a property test of its limits; and landing control's
+//! decision on a held replacement.
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -416,4 +417,35 @@ proptest! {
         }
         prop_assert!(evicted <= plan.len());
     }
+}
+
+#[test]
+fn landing_control_decides_each_held_pod_by_the_table() {
+    use gpu_defrag_core::landing::{Held, Released, held_pod};
+    let s = Duration::from_secs;
+    let hold = s(30);
+    // (sweep, leads, expected, age) → decision
+    let table: &[(bool, bool, Option<&str>, u64, Held)] = &[
+        // The first pass after start releases whatever was held.
+        (true, true, Some("n1"), 1, Held::Release(Released::Swept)),
+        (true, false, None, 100, Held::Release(Released::Swept)),
+        // The leader nominates an expected replacement onto its planned node, even late.
+        (false, true, Some("n1"), 1, Held::Nominate("n1".into())),
+        (false, true, Some("n1"), 100, Held::Nominate("n1".into())),
+        // The leader holds nothing it does not expect.
+        (false, true, None, 1, Held::Release(Released::Unexpected)),
+        (false, true, None, 30, Held::Release(Released::TimedOut)),
+        // A standby keeps it (the leader may expect it) until the hold times out.
+        (false, false, None, 29, Held::Keep),
+        (false, false, Some("n1"), 1, Held::Keep),
+        (false, false, None, 30, Held::Release(Released::TimedOut)),
+    ];
+    for (sweep, leads, expected, age, want) in table {
+        assert_eq!(
+            &held_pod(*sweep, *leads, *expected, s(*age), hold),
+            want,
+            "sweep {sweep}, leads {leads}, expected {expected:?}, age {age}s"
+        );
+    }
+    assert_eq!(Released::Unexpected.as_str(), "released");
 }

@@ -27,6 +27,7 @@ use std::time::Duration;
 use chrono::Utc;
 use gpu_defrag_api::v1alpha1::DefragPolicy;
 use gpu_defrag_core::compact::LANDING_GATE;
+use gpu_defrag_core::landing::{Held, held_pod};
 use gpu_defrag_core::policy::parse_duration;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::Client;
@@ -113,17 +114,6 @@ enum Nomination {
     /// The pod was bound meanwhile (the API server refuses a nomination then).
     Bound,
     Failed,
-}
-
-/// What to do with one held pod.
-#[derive(Debug, PartialEq)]
-enum Action {
-    /// Nominate it onto a node, then release it.
-    Nominate(String),
-    /// Release it without a nomination.
-    Release,
-    /// Keep it held (its expectation is another process's, or not here yet).
-    Keep,
 }
 
 /// The landing state of one operator process: its expectations and its ConfigMap.
@@ -264,23 +254,17 @@ impl Landing {
         Ok(())
     }
 
-    /// The leader's decision on one held pod of workload `key`, held for `age`: nominate it
-    /// onto the first open expectation of its workload; otherwise keep it until `hold`.
-    fn decide(&self, uid: &str, key: Option<&str>, age: Duration, hold: Duration) -> Action {
+    /// The leader takes the first open expectation of workload `key` for held pod `uid`:
+    /// the node its move planned.
+    fn take_expectation(&self, uid: &str, key: Option<&str>) -> Option<String> {
+        let key = key?;
         let mut st = self.state();
-        if let Some(key) = key
-            && let Some(e) = st
-                .expects
-                .iter_mut()
-                .find(|e| e.key == key && e.nominated.is_none())
-        {
-            e.nominated = Some(uid.to_string());
-            return Action::Nominate(e.target.clone());
-        }
-        if age >= hold {
-            return Action::Release;
-        }
-        Action::Keep
+        let e = st
+            .expects
+            .iter_mut()
+            .find(|e| e.key == key && e.nominated.is_none())?;
+        e.nominated = Some(uid.to_string());
+        Some(e.target.clone())
     }
 
     /// One pass: the start-up sweep once, the ConfigMap (leader), then every held pod.
@@ -316,22 +300,14 @@ impl Landing {
                 .controller
                 .as_ref()
                 .and_then(|c| workload_key(&p.namespace, &c.kind, &c.name));
-            let action = if sweep {
-                Action::Release
-            } else if leads {
-                match self.decide(&p.uid, key.as_deref(), age, hold) {
-                    // The leader holds nothing it does not expect.
-                    Action::Keep => Action::Release,
-                    a => a,
-                }
-            } else if age >= hold {
-                Action::Release
+            let expected = if leads && !sweep {
+                self.take_expectation(&p.uid, key.as_deref())
             } else {
-                Action::Keep
+                None
             };
-            let done = match action {
-                Action::Keep => continue,
-                Action::Nominate(node) => {
+            let done = match held_pod(sweep, leads, expected.as_deref(), age, hold) {
+                Held::Keep => continue,
+                Held::Nominate(node) => {
                     let nominated = self.nominate(&p, &node).await;
                     metrics.landing_action(if nominated {
                         "nominated"
@@ -340,14 +316,8 @@ impl Landing {
                     });
                     self.release(&p).await
                 }
-                Action::Release => {
-                    metrics.landing_action(if sweep {
-                        "swept"
-                    } else if age >= hold {
-                        "timed_out"
-                    } else {
-                        "released"
-                    });
+                Held::Release(why) => {
+                    metrics.landing_action(why.as_str());
                     self.release(&p).await
                 }
             };
