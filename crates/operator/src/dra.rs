@@ -57,6 +57,16 @@ impl DraObjects {
         }
     }
 
+    /// None watched (tests, tools).
+    pub fn unwatched() -> Self {
+        DraObjects {
+            slices: OptionalTyped::unwatched(),
+            claims: OptionalTyped::unwatched(),
+            classes: OptionalTyped::unwatched(),
+            rules: OptionalTyped::unwatched(),
+        }
+    }
+
     /// Returns once every kind served at start holds its first list.
     pub async fn wait_until_ready(&self) {
         tokio::join!(

@@ -43,6 +43,13 @@ impl Devices {
         Devices { kind }
     }
 
+    /// None watched (tests, tools).
+    pub fn unwatched() -> Self {
+        Devices {
+            kind: OptionalKind::unwatched(&GroupVersionKind::gvk(GROUP, VERSION, KIND), PLURAL),
+        }
+    }
+
     /// Returns once the first list is in, when the CRD was served at start; at once when
     /// it was not (nothing to wait for).
     pub async fn wait_until_ready(&self) {

@@ -41,6 +41,14 @@ impl OptionalKind {
         OptionalKind { w }
     }
 
+    /// An empty store that is never filled (a kind not watched: tests, tools).
+    pub fn unwatched(gvk: &GroupVersionKind, plural: &'static str) -> Self {
+        let ar = ApiResource::from_gvk_with_plural(gvk, plural);
+        OptionalKind {
+            w: Watched::unwatched(Writer::new(ar)),
+        }
+    }
+
     /// Returns once the first list is in, when the kind was served at start; at once when
     /// it was not (nothing to wait for).
     pub async fn wait_until_ready(&self) {
@@ -102,6 +110,13 @@ where
         OptionalTyped { w }
     }
 
+    /// An empty store that is never filled (a kind not watched: tests, tools).
+    pub fn unwatched() -> Self {
+        OptionalTyped {
+            w: Watched::unwatched(Writer::default()),
+        }
+    }
+
     /// Returns once the first list is in, when the kind was served at start.
     pub async fn wait_until_ready(&self) {
         self.w.wait_until_ready().await;
@@ -137,6 +152,15 @@ where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: std::hash::Hash + Eq + Clone + Send + Sync,
 {
+    /// A store no watch fills.
+    fn unwatched(writer: Writer<K>) -> Self {
+        Watched {
+            store: writer.as_reader(),
+            served_at_start: false,
+            listed: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
     async fn start(
         client: Client,
         gvk: GroupVersionKind,

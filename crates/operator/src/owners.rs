@@ -132,6 +132,23 @@ impl Owners {
         }
     }
 
+    /// Fixed stores no watch fills (tests, tools): these ReplicaSets, no other owner object,
+    /// no namespace, no pod group kind served.
+    pub fn fixed(replica_sets: Store<PartialObjectMeta<ReplicaSet>>) -> Self {
+        let group = |g: &str, v: &str| {
+            OptionalKind::unwatched(&GroupVersionKind::gvk(g, v, "PodGroup"), "podgroups")
+        };
+        Owners {
+            replica_sets,
+            stateful_sets: kube::runtime::reflector::store::Writer::default().as_reader(),
+            jobs: kube::runtime::reflector::store::Writer::default().as_reader(),
+            namespaces: kube::runtime::reflector::store::Writer::default().as_reader(),
+            volcano: group(VOLCANO_GROUP_API, "v1beta1"),
+            kai: group(KAI_GROUP_API, "v2alpha2"),
+            scheduling: group(SCHEDULING_GROUP_API, SCHEDULING_GROUP_VERSION),
+        }
+    }
+
     /// Returns once every watch holds a full list (optional kinds: when served at start).
     pub async fn wait_until_ready(&self) {
         let _ = tokio::join!(

@@ -17,6 +17,9 @@ pub mod fences;
 pub mod outcome;
 pub mod waits;
 
+#[cfg(test)]
+mod scenario;
+
 use std::collections::HashSet;
 use std::sync::Arc;
 
