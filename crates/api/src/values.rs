@@ -57,6 +57,22 @@ string_enum! {
 }
 
 string_enum! {
+    /// What became of a demand decision (`status.demand.recent[].result`).
+    DemandResult {
+        /// The run is in progress.
+        Running,
+        /// Every pod bound on its room.
+        Served,
+        /// No room can be made within the rules and limits.
+        NoRoom,
+        /// The search ran out of steps, or the hourly allowance is spent.
+        BudgetSpent,
+        /// A pod did not bind on its room within `holdTimeout`, or the run ended otherwise.
+        Stalled,
+    }
+}
+
+string_enum! {
     /// The condition types of a DefragPolicy.
     ConditionType {
         /// The policy was reconciled (False: the spec or a window is invalid).
@@ -146,6 +162,10 @@ mod tests {
         let result = description(&["lastRuns", "result"]);
         for r in RunResult::ALL {
             assert!(result.contains(&format!("`{r}`")), "{r} missing: {result}");
+        }
+        let demand = description(&["demand", "recent", "result"]);
+        for r in DemandResult::ALL {
+            assert!(demand.contains(&format!("`{r}`")), "{r} missing: {demand}");
         }
         let types = description(&["conditions", "type"]);
         for t in ConditionType::ALL {

@@ -457,7 +457,7 @@ pub enum Fate {
 
 impl Fate {
     /// As `status.activeRun.demand.served` shows it.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Fate::Served => "Served",
             Fate::BoundElsewhere => "BoundElsewhere",

@@ -10,13 +10,14 @@ use chrono::{DateTime, Duration, Utc};
 use gpu_defrag_api::v1alpha1::{
     DefragPolicyStatus, DemandRecord, DemandRun, DemandStatus, RunRecord,
 };
-use gpu_defrag_api::values::RunResult;
+use gpu_defrag_api::values::{DemandResult, RunResult};
 use gpu_defrag_core::model::Cluster;
 use gpu_defrag_core::plan::History;
 use gpu_defrag_core::plan::demand::{
     DemandLimits, DemandOutcome, DemandPlan, plan_demand, waiting,
 };
 use gpu_defrag_core::policy::{DemandPolicy, Policy};
+use gpu_defrag_core::run::Fate;
 
 use crate::objects::{parse_ts, ts};
 
@@ -24,12 +25,8 @@ use crate::objects::{parse_ts, ts};
 pub use gpu_defrag_core::plan::demand::GROUPS_PER_LOOK as GROUPS_PER_RECONCILE;
 /// Records kept in `status.demand.recent`.
 pub const RECENT: usize = 5;
-/// `status.demand.recent[].result` of a run whose pods all bound on their rooms.
-pub const SERVED: &str = "Served";
-/// … of a run that ended otherwise (the message says how).
-pub const STALLED: &str = "Stalled";
-/// … of a run in progress.
-pub const RUNNING: &str = "Running";
+/// A served pod's fate when it bound on its room (`status.activeRun.demand.served[]`).
+pub const SERVED: &str = gpu_defrag_core::run::Fate::Served.as_str();
 /// Pods one record names at most (a larger gang is shown by its first ones).
 pub const MAX_SERVED: usize = 4;
 /// Largest gang a demand run serves (its record lists every member).
@@ -83,18 +80,18 @@ pub fn evictions_last_hour(old: &DefragPolicyStatus, now: DateTime<Utc>) -> u32 
 pub fn record_of_run(r: &RunRecord) -> Option<DemandRecord> {
     let d = r.demand.as_ref()?;
     let result = if r.result == RunResult::Running.as_str() {
-        RUNNING
+        DemandResult::Running
     } else if !d.served.is_empty() && d.served.iter().all(|s| s == SERVED) {
-        SERVED
+        DemandResult::Served
     } else {
-        STALLED
+        DemandResult::Stalled
     };
     Some(DemandRecord {
         pods: d.pods.clone(),
         nodes: d.nodes.clone(),
         waited_seconds: d.waited_seconds,
         evictions: r.evicted,
-        result: result.into(),
+        result: result.as_str().into(),
         message: r.message.clone(),
         at: r
             .finished_at
@@ -239,7 +236,7 @@ pub fn consider(
                             .collect(),
                         nodes: plan.rooms.iter().map(|r| r.node_name.clone()).collect(),
                         waited_seconds: waited,
-                        served: vec!["Binding".into(); plan.rooms.len()],
+                        served: vec![Fate::Binding.as_str().into(); plan.rooms.len()],
                     };
                     start = Some(DemandStart {
                         plan,
@@ -312,10 +309,10 @@ mod tests {
                 .unwrap()
                 .result
         };
-        assert_eq!(r(&[SERVED], "Succeeded"), SERVED);
-        assert_eq!(r(&["Binding"], "Stalled"), STALLED);
-        assert_eq!(r(&[SERVED, "Binding"], "Stopped"), STALLED);
-        assert_eq!(r(&["Binding"], "Running"), RUNNING);
+        assert_eq!(r(&[SERVED], "Succeeded"), "Served");
+        assert_eq!(r(&["Binding"], "Stalled"), "Stalled");
+        assert_eq!(r(&[SERVED, "Binding"], "Stopped"), "Stalled");
+        assert_eq!(r(&["Binding"], "Running"), "Running");
         let mut plain = run("y", "2026-01-01T11:00:00Z", 3, "Succeeded", &[]);
         plain.demand = None;
         assert!(record_of_run(&plain).is_none());
@@ -352,7 +349,7 @@ mod tests {
         };
         let (recent, _) = compose(&old2, &[]);
         assert_eq!(recent.len(), 1);
-        assert_eq!(recent[0].result, SERVED);
+        assert_eq!(recent[0].result, DemandResult::Served.as_str());
         assert_eq!(recent[0].run.as_deref(), Some("r"));
     }
 }
