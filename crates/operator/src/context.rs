@@ -209,23 +209,39 @@ pub struct RunHandle {
     pub stop: StopRequest,
 }
 
-/// A request to stop a run, shared by the controller and the run's task: the run checks
-/// it before every eviction and while it waits; the first reason given wins.
-#[derive(Clone, Debug, Default)]
-pub struct StopRequest(Arc<std::sync::Mutex<Option<String>>>);
+/// A request to stop a run, shared by the controller and the run's task (a watch
+/// channel): the run checks it before every eviction, and a run that waits is woken by
+/// it at once; the first reason given wins.
+#[derive(Clone, Debug)]
+pub struct StopRequest(Arc<tokio::sync::watch::Sender<Option<String>>>);
+
+impl Default for StopRequest {
+    fn default() -> Self {
+        StopRequest(Arc::new(tokio::sync::watch::Sender::new(None)))
+    }
+}
 
 impl StopRequest {
     /// Asks the run to stop, saying why (a later request keeps the first reason).
     pub fn request(&self, why: &str) {
-        let mut r = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if r.is_none() {
-            *r = Some(why.to_string());
-        }
+        self.0.send_if_modified(|r| {
+            let first = r.is_none();
+            if first {
+                *r = Some(why.to_string());
+            }
+            first
+        });
     }
 
     /// Why the run was asked to stop, if it was.
     pub fn requested(&self) -> Option<String> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.0.borrow().clone()
+    }
+
+    /// Returns once a stop is requested (at once if it was already).
+    pub async fn wait(&self) {
+        let mut rx = self.0.subscribe();
+        let _ = rx.wait_for(Option::is_some).await;
     }
 }
 

@@ -199,12 +199,16 @@ async fn run_steps(
     run.record_end(stop).await
 }
 
-/// Sleeps until the next look at the caches: a poll, or `until` when that is sooner.
-async fn pause(until: Option<DateTime<Utc>>) {
+/// Waits until the next look at the caches: a poll, `until` when that is sooner, or at
+/// once when a stop is requested.
+async fn pause(until: Option<DateTime<Utc>>, stop: &StopRequest) {
     let left = until
         .and_then(|u| (u - Utc::now()).to_std().ok())
         .unwrap_or(POLL);
-    tokio::time::sleep(left.min(POLL)).await;
+    tokio::select! {
+        () = tokio::time::sleep(left.min(POLL)) => {}
+        () = stop.wait() => {}
+    }
 }
 
 /// One planned eviction as the run takes it: the move and the pod's UID when the plan was
@@ -468,7 +472,7 @@ impl Run {
                 }
             };
             match step {
-                run::Step::Wait { until } => pause(until).await,
+                run::Step::Wait { until } => pause(until, &self.stop).await,
                 run::Step::Check(i) => next = self.check(i, &steps[i]),
                 run::Step::Evict(i) => self.evict(i, &steps[i]).await?,
                 run::Step::GiveUp { step, why } => self.give_up(&steps[step], why).await?,
@@ -779,7 +783,7 @@ impl Run {
                         }
                     }
                 }
-                HoldStep::Wait => tokio::time::sleep(POLL).await,
+                HoldStep::Wait => pause(None, &self.stop).await,
             }
         }
     }
