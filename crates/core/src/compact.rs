@@ -264,28 +264,7 @@ fn constraints_of(
         resources: other_requests(spec),
         ..Constraints::default()
     };
-    // The app containers' and the sidecars' (restartable init containers): a plain init
-    // container's ports are not held while the pod runs (kube-scheduler's NodePorts).
-    let sidecars = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .filter(|c| c.restart_policy.as_deref() == Some("Always"));
-    for ctr in spec.containers.iter().chain(sidecars) {
-        for port in ctr.ports.iter().flatten() {
-            if let Some(hp) = port.host_port.filter(|p| *p > 0) {
-                c.host_ports.push(HostPort {
-                    protocol: port.protocol.clone().unwrap_or_else(|| "TCP".into()),
-                    ip: port
-                        .host_ip
-                        .clone()
-                        .filter(|i| !i.is_empty())
-                        .unwrap_or_else(|| "0.0.0.0".into()),
-                    port: hp,
-                });
-            }
-        }
-    }
+    c.host_ports = host_ports(spec);
     let a = spec.affinity.as_ref();
     let mut unreadable: Vec<String> = Vec::new();
     let mut terms = |list: Option<&Vec<corev1::PodAffinityTerm>>, what: &str| {
@@ -316,62 +295,97 @@ fn constraints_of(
         "pod anti-affinity",
     );
     for t in spec.topology_spread_constraints.iter().flatten() {
-        if t.when_unsatisfiable == "ScheduleAnyway" {
-            continue;
+        match spread_constraint(t, labels) {
+            Ok(Some(sc)) => c.spread.push(sc),
+            Ok(None) => {}
+            Err(why) => unreadable.push(why),
         }
-        if t.when_unsatisfiable != "DoNotSchedule" {
-            unreadable.push(format!(
-                "topology spread whenUnsatisfiable {:?}",
-                t.when_unsatisfiable
-            ));
-            continue;
-        }
-        let (Ok(max_skew), Ok(min_domains)) = (
-            u32::try_from(t.max_skew),
-            t.min_domains.map(u32::try_from).transpose(),
-        ) else {
-            unreadable.push("topology spread: a negative maxSkew or minDomains".into());
-            continue;
-        };
-        let honor_node_affinity = match t.node_affinity_policy.as_deref() {
-            None | Some("Honor") => true,
-            Some("Ignore") => false,
-            Some(x) => {
-                unreadable.push(format!("topology spread nodeAffinityPolicy {x:?}"));
-                continue;
-            }
-        };
-        let honor_taints = match t.node_taints_policy.as_deref() {
-            None | Some("Ignore") => false,
-            Some("Honor") => true,
-            Some(x) => {
-                unreadable.push(format!("topology spread nodeTaintsPolicy {x:?}"));
-                continue;
-            }
-        };
-        let selector = t.label_selector.as_ref().map(|s| {
-            let mut sel = label_selector(s);
-            for k in t.match_label_keys.iter().flatten() {
-                if let Some(v) = labels.get(k) {
-                    sel.match_expressions
-                        .push((k.clone(), "In".into(), vec![v.clone()]));
-                }
-            }
-            sel
-        });
-        c.spread.push(SpreadConstraint {
-            max_skew,
-            topology_key: t.topology_key.clone(),
-            selector,
-            min_domains,
-            honor_node_affinity,
-            honor_taints,
-        });
     }
     if !unreadable.is_empty() {
         c.unreadable = Some(unreadable.join("; "));
     }
     (c != Constraints::default()).then(|| Box::new(c))
+}
+
+/// The host ports a pod holds while it runs: its app containers' and its sidecars'
+/// (restartable init containers').
+fn host_ports(spec: &corev1::PodSpec) -> Vec<HostPort> {
+    let mut out = Vec::new();
+    // The app containers' and the sidecars' (restartable init containers): a plain init
+    // container's ports are not held while the pod runs (kube-scheduler's NodePorts).
+    let sidecars = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .filter(|c| c.restart_policy.as_deref() == Some("Always"));
+    for ctr in spec.containers.iter().chain(sidecars) {
+        for port in ctr.ports.iter().flatten() {
+            if let Some(hp) = port.host_port.filter(|p| *p > 0) {
+                out.push(HostPort {
+                    protocol: port.protocol.clone().unwrap_or_else(|| "TCP".into()),
+                    ip: port
+                        .host_ip
+                        .clone()
+                        .filter(|i| !i.is_empty())
+                        .unwrap_or_else(|| "0.0.0.0".into()),
+                    port: hp,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// One topology spread constraint of a pod with `labels`, `matchLabelKeys` merged into its
+/// selector: `None` for a `ScheduleAnyway` one (the scheduler only scores it), an error
+/// saying what cannot be read for one the model cannot honour.
+fn spread_constraint(
+    t: &corev1::TopologySpreadConstraint,
+    labels: &BTreeMap<String, String>,
+) -> Result<Option<SpreadConstraint>, String> {
+    if t.when_unsatisfiable == "ScheduleAnyway" {
+        return Ok(None);
+    }
+    if t.when_unsatisfiable != "DoNotSchedule" {
+        return Err(format!(
+            "topology spread whenUnsatisfiable {:?}",
+            t.when_unsatisfiable
+        ));
+    }
+    let (Ok(max_skew), Ok(min_domains)) = (
+        u32::try_from(t.max_skew),
+        t.min_domains.map(u32::try_from).transpose(),
+    ) else {
+        return Err("topology spread: a negative maxSkew or minDomains".into());
+    };
+    let honor_node_affinity = match t.node_affinity_policy.as_deref() {
+        None | Some("Honor") => true,
+        Some("Ignore") => false,
+        Some(x) => return Err(format!("topology spread nodeAffinityPolicy {x:?}")),
+    };
+    let honor_taints = match t.node_taints_policy.as_deref() {
+        None | Some("Ignore") => false,
+        Some("Honor") => true,
+        Some(x) => return Err(format!("topology spread nodeTaintsPolicy {x:?}")),
+    };
+    let selector = t.label_selector.as_ref().map(|s| {
+        let mut sel = label_selector(s);
+        for k in t.match_label_keys.iter().flatten() {
+            if let Some(v) = labels.get(k) {
+                sel.match_expressions
+                    .push((k.clone(), "In".into(), vec![v.clone()]));
+            }
+        }
+        sel
+    });
+    Ok(Some(SpreadConstraint {
+        max_skew,
+        topology_key: t.topology_key.clone(),
+        selector,
+        min_domains,
+        honor_node_affinity,
+        honor_taints,
+    }))
 }
 
 /// One required pod (anti-)affinity term of a pod of namespace `ns` with `labels`:

@@ -386,64 +386,16 @@ pub struct ObjectRefs<'a> {
 /// [`build_cluster`] from borrowed objects (the operator's caches: a copy of 6,000 pods per
 /// reconcile would double its memory).
 pub fn build_cluster_from(mut objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) -> Cluster {
-    // The model's pods are in (namespace, name) order: the references are put in that
-    // order (a stable sort, as sorting the built pods was), not the built pods, which are
-    // large to move (a watch cache gives its objects in hash order).
-    fn meta_key(p: &CompactPod) -> (&str, &str) {
-        (&p.namespace, &p.name)
-    }
-    if !objs.pods.is_sorted_by(|a, b| meta_key(a) <= meta_key(b)) {
-        // The keys read once, next to their references: comparing them then touches no
-        // pod object.
-        let mut keyed: Vec<((&str, &str), &CompactPod)> =
-            objs.pods.iter().map(|&p| (meta_key(p), p)).collect();
-        keyed.sort_by(|a, b| a.0.cmp(&b.0));
-        objs.pods.clear();
-        objs.pods.extend(keyed.into_iter().map(|(_, p)| p));
-    }
-    // Koordinator Device objects by node name.
-    let mut koord: HashMap<String, Result<Vec<formats::KoordDevice>, FormatError>> = HashMap::new();
-    for d in objs.devices {
-        match formats::parse_koord_device_object(d) {
-            Ok((name, devs)) => {
-                koord.insert(name, Ok(devs));
-            }
-            Err(e) => {
-                if let Some(name) = d.pointer("/metadata/name").and_then(|v| v.as_str()) {
-                    koord.insert(name.to_string(), Err(e));
-                }
-            }
-        }
-    }
+    sort_pod_refs(&mut objs.pods);
+    let koord = koord_devices_by_node(objs.devices);
     let inv = Inventory::build(
         &objs.resource_slices,
         &objs.resource_claims,
         &objs.device_classes,
         &objs.device_taint_rules,
     );
-    let mut built: Vec<(Node, NodeCtx)> = objs
-        .nodes
-        .iter()
-        .copied()
-        .filter(|n| n.metadata.name.as_deref().is_some_and(|s| !s.is_empty()))
-        .map(|n| {
-            let name = n.metadata.name.as_deref().unwrap_or_default();
-            build_node(n, koord.get(name), inv.nodes.get(name))
-        })
-        .collect();
-    built.sort_by(|a, b| a.0.name.cmp(&b.0.name));
-    built.dedup_by(|a, b| a.0.name == b.0.name);
-    let (mut nodes, ctxs): (Vec<Node>, Vec<NodeCtx>) = built.into_iter().unzip();
-    // Node name → index, for the pods (a hash look-up each: names share long prefixes).
-    let node_index: HashMap<&str, usize> = objs
-        .nodes
-        .iter()
-        .filter_map(|n| n.metadata.name.as_deref())
-        .filter_map(|name| {
-            let i = nodes.binary_search_by(|x| x.name.as_str().cmp(name)).ok()?;
-            Some((name, i))
-        })
-        .collect();
+    let (mut nodes, ctxs) = build_nodes(&objs.nodes, &koord, &inv);
+    let node_index = index_nodes(&objs.nodes, &nodes);
 
     let index = workload::Index::new(&objs.controllers, objs.pod_groups, objs.listed);
     let mut pods = Vec::with_capacity(objs.pods.len());
@@ -454,12 +406,11 @@ pub fn build_cluster_from(mut objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) 
     let no_claims = PodClaims::default();
     for &p in &objs.pods {
         let mut pod = base_pod(p, &node_index, &mut label_sets);
-        let (req, annotations) = (&p.requests, &p.annotations);
         pod.workload = index.workload(&pod.namespace, pod.owner.as_ref(), &pod.labels);
         pod.gang = index.gang(
             &pod.namespace,
             &pod.labels,
-            annotations,
+            &p.annotations,
             p.scheduling_group.as_deref(),
         );
         let node = pod.node.map(|i| (&nodes[i], &ctxs[i]));
@@ -468,74 +419,23 @@ pub fn build_cluster_from(mut objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) 
         let dra_ext = inv.present()
             && inv
                 .extended()
-                .any(|(name, _)| req.total(name).is_ok_and(|n| n > 0));
+                .any(|(name, _)| p.requests.total(name).is_ok_and(|n| n > 0));
         pod.claim_source = inv.claim_source(&pod.namespace, claims, dra_ext);
         if claims.any() || dra_ext {
             dra_pods += 1;
         }
-        // A pod whose requests cannot be read is unknown, whatever its records say.
-        let resolved = if let Some(bad) = req.unreadable() {
-            unknown(UnknownReason::BadQuantity(bad.to_string()))
-        } else if let Some(e) = node.and_then(|(_, c)| c.inventory_error.clone()) {
-            if active
-                && (req.has_shared()
-                    || req.has(NVIDIA_GPU)
-                    || req.has(NVIDIA_GPU_SHARED)
-                    || claims.any()
-                    || dra_ext
-                    || !annotations.is_empty())
-            {
-                unknown(UnknownReason::NodeInventory(e))
-            } else {
-                Resolved::Use(GpuUse::None, None, None)
-            }
-        } else {
-            let input = PodInput {
-                pod: &pod,
-                req,
-                annotations,
-                dra: inv.present().then_some(DraPodInput {
-                    inv: &inv,
-                    claims,
-                    node_is_dra: node.is_some_and(|(n, _)| n.scheme == Scheme::Dra),
-                }),
-            };
-            resolve(&input, if active { node } else { None })
-        };
-        match resolved {
-            Resolved::Use(u, shape, scheme) => {
-                pod.gpu = if active { u } else { GpuUse::None };
-                pod.shape = shape;
-                pod.scheme = scheme;
-            }
-            Resolved::Kai(g, m) => {
-                pod.shape = Some(GpuShape { gpus: 1, milli: m });
-                kai.push((pods.len(), g, m));
-            }
-            Resolved::Replicas(k, shape) => {
-                pod.shape = Some(shape);
-                pod.scheme = Some(Scheme::NvidiaSharing);
-                if active {
-                    replicas.push((pods.len(), k));
-                }
-            }
-        }
-        // DRA-backed extended resources are the claims' (the scheduler checks them
-        // against ResourceSlices, not against the node's allocatable).
-        if inv.present()
-            && let Some(c) = pod.constraints.as_mut()
-        {
-            c.resources
-                .retain(|(k, _)| !inv.extended().any(|(name, _)| name == k));
-        }
+        let resolved = resolve_allocation(p, &pod, node, active, claims, dra_ext, &inv);
+        record_resolved(
+            &mut pod,
+            resolved,
+            active,
+            pods.len(),
+            &mut kai,
+            &mut replicas,
+        );
+        drop_dra_extended(&mut pod, &inv);
         if active && let Some(i) = pod.node {
-            let n = &mut nodes[i];
-            n.cpu_used = n.cpu_used.saturating_add(pod.cpu);
-            n.mem_used = n.mem_used.saturating_add(pod.mem);
-            n.pods_used += 1;
-            if let Some(c) = &pod.constraints {
-                crate::model::add_resources(&mut n.extra_used, &c.resources);
-            }
+            charge_node(&mut nodes[i], &pod);
         }
         pods.push(pod);
     }
@@ -562,6 +462,173 @@ pub fn build_cluster_from(mut objs: ObjectRefs<'_>, now: Option<DateTime<Utc>>) 
         c.pods.sort_by(|a, b| key(a).cmp(&key(b)));
     }
     c
+}
+
+/// Puts the pod references in (namespace, name) order, the model's pod order.
+fn sort_pod_refs(pods: &mut Vec<&CompactPod>) {
+    // The model's pods are in (namespace, name) order: the references are put in that
+    // order (a stable sort, as sorting the built pods was), not the built pods, which are
+    // large to move (a watch cache gives its objects in hash order).
+    fn meta_key(p: &CompactPod) -> (&str, &str) {
+        (&p.namespace, &p.name)
+    }
+    if !pods.is_sorted_by(|a, b| meta_key(a) <= meta_key(b)) {
+        // The keys read once, next to their references: comparing them then touches no
+        // pod object.
+        let mut keyed: Vec<((&str, &str), &CompactPod)> =
+            pods.iter().map(|&p| (meta_key(p), p)).collect();
+        keyed.sort_by(|a, b| a.0.cmp(&b.0));
+        pods.clear();
+        pods.extend(keyed.into_iter().map(|(_, p)| p));
+    }
+}
+
+/// Koordinator Device objects by node name: their devices, or why they cannot be read.
+fn koord_devices_by_node(
+    devices: &[serde_json::Value],
+) -> HashMap<String, Result<Vec<formats::KoordDevice>, FormatError>> {
+    let mut koord: HashMap<String, Result<Vec<formats::KoordDevice>, FormatError>> = HashMap::new();
+    for d in devices {
+        match formats::parse_koord_device_object(d) {
+            Ok((name, devs)) => {
+                koord.insert(name, Ok(devs));
+            }
+            Err(e) => {
+                if let Some(name) = d.pointer("/metadata/name").and_then(|v| v.as_str()) {
+                    koord.insert(name.to_string(), Err(e));
+                }
+            }
+        }
+    }
+    koord
+}
+
+/// The model's nodes (named ones, by name, without duplicates) and their adapters' context.
+fn build_nodes(
+    objs: &[&corev1::Node],
+    koord: &HashMap<String, Result<Vec<formats::KoordDevice>, FormatError>>,
+    inv: &Inventory,
+) -> (Vec<Node>, Vec<NodeCtx>) {
+    let mut built: Vec<(Node, NodeCtx)> = objs
+        .iter()
+        .copied()
+        .filter(|n| n.metadata.name.as_deref().is_some_and(|s| !s.is_empty()))
+        .map(|n| {
+            let name = n.metadata.name.as_deref().unwrap_or_default();
+            build_node(n, koord.get(name), inv.nodes.get(name))
+        })
+        .collect();
+    built.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+    built.dedup_by(|a, b| a.0.name == b.0.name);
+    built.into_iter().unzip()
+}
+
+/// Node name → index in `nodes`, for the pods (a hash look-up each: names share long
+/// prefixes).
+fn index_nodes<'a>(objs: &[&'a corev1::Node], nodes: &[Node]) -> HashMap<&'a str, usize> {
+    objs.iter()
+        .filter_map(|n| n.metadata.name.as_deref())
+        .filter_map(|name| {
+            let i = nodes.binary_search_by(|x| x.name.as_str().cmp(name)).ok()?;
+            Some((name, i))
+        })
+        .collect()
+}
+
+/// A pod's allocation as its requests, its node's inventory and its adapter give it
+/// (`node`: the pod's node and its context; `dra_ext`: it requests DRA-backed extended
+/// resources).
+fn resolve_allocation(
+    p: &CompactPod,
+    pod: &Pod,
+    node: Option<(&Node, &NodeCtx)>,
+    active: bool,
+    claims: &PodClaims,
+    dra_ext: bool,
+    inv: &Inventory,
+) -> Resolved {
+    let (req, annotations) = (&p.requests, &p.annotations);
+    // A pod whose requests cannot be read is unknown, whatever its records say.
+    if let Some(bad) = req.unreadable() {
+        unknown(UnknownReason::BadQuantity(bad.to_string()))
+    } else if let Some(e) = node.and_then(|(_, c)| c.inventory_error.clone()) {
+        if active
+            && (req.has_shared()
+                || req.has(NVIDIA_GPU)
+                || req.has(NVIDIA_GPU_SHARED)
+                || claims.any()
+                || dra_ext
+                || !annotations.is_empty())
+        {
+            unknown(UnknownReason::NodeInventory(e))
+        } else {
+            Resolved::Use(GpuUse::None, None, None)
+        }
+    } else {
+        let input = PodInput {
+            pod,
+            req,
+            annotations,
+            dra: inv.present().then_some(DraPodInput {
+                inv,
+                claims,
+                node_is_dra: node.is_some_and(|(n, _)| n.scheme == Scheme::Dra),
+            }),
+        };
+        resolve(&input, if active { node } else { None })
+    }
+}
+
+/// Writes a resolved allocation into the pod; KAI fractions and NVIDIA-sharing replicas
+/// are noted (with the pod's index `at`) for the passes over all pods.
+fn record_resolved(
+    pod: &mut Pod,
+    resolved: Resolved,
+    active: bool,
+    at: usize,
+    kai: &mut Vec<(usize, String, Milli)>,
+    replicas: &mut Vec<(usize, u32)>,
+) {
+    match resolved {
+        Resolved::Use(u, shape, scheme) => {
+            pod.gpu = if active { u } else { GpuUse::None };
+            pod.shape = shape;
+            pod.scheme = scheme;
+        }
+        Resolved::Kai(g, m) => {
+            pod.shape = Some(GpuShape { gpus: 1, milli: m });
+            kai.push((at, g, m));
+        }
+        Resolved::Replicas(k, shape) => {
+            pod.shape = Some(shape);
+            pod.scheme = Some(Scheme::NvidiaSharing);
+            if active {
+                replicas.push((at, k));
+            }
+        }
+    }
+}
+
+/// Removes DRA-backed extended resources from the pod's other resources.
+fn drop_dra_extended(pod: &mut Pod, inv: &Inventory) {
+    // DRA-backed extended resources are the claims' (the scheduler checks them
+    // against ResourceSlices, not against the node's allocatable).
+    if inv.present()
+        && let Some(c) = pod.constraints.as_mut()
+    {
+        c.resources
+            .retain(|(k, _)| !inv.extended().any(|(name, _)| name == k));
+    }
+}
+
+/// Adds an active pod's CPU, memory, pod slot and other resources to its node's use.
+fn charge_node(n: &mut Node, pod: &Pod) {
+    n.cpu_used = n.cpu_used.saturating_add(pod.cpu);
+    n.mem_used = n.mem_used.saturating_add(pod.mem);
+    n.pods_used += 1;
+    if let Some(c) = &pod.constraints {
+        crate::model::add_resources(&mut n.extra_used, &c.resources);
+    }
 }
 
 /// What the input did not let the model check, one sentence each.
@@ -658,10 +725,44 @@ fn pdb_of(p: &PodDisruptionBudget) -> Pdb {
 
 /// Adds every known allocation to its node's GPUs; detects over-commit.
 fn apply_uses(nodes: &mut [Node], pods: &mut [Pod], kai: &[(usize, String, Milli)]) {
-    // Device-level sums, per node, before capping: detect over-commit.
+    let (sums, whole) = device_sums(nodes, pods);
+    let (reservations, kai_groups_per_node) = kai_groups_per_node(nodes.len(), pods, kai);
+    for (i, node) in nodes.iter_mut().enumerate() {
+        // A DRA node's GPU use is its claims' allocations, over-allocation included, read
+        // with the inventory (claims whose pods are gone still hold their devices).
+        if node.scheme == Scheme::Dra {
+            mark_kai_unknown(pods, &kai_groups_per_node[i], || {
+                UnknownReason::DisagreesWithRequest("KAI fraction on a dra node".into())
+            });
+            continue;
+        }
+        apply_device_sums(node, i, &sums[i], pods);
+        if node.granularity == Granularity::Node && node.scheme != Scheme::NvidiaSharing {
+            let plain = whole[i].saturating_sub(reservations[i]);
+            place_kai_and_whole(node, &kai_groups_per_node[i], plain, pods);
+        } else {
+            mark_kai_unknown(pods, &kai_groups_per_node[i], || {
+                UnknownReason::DisagreesWithRequest(format!(
+                    "KAI fraction on a {} node",
+                    node.scheme.as_str()
+                ))
+            });
+        }
+    }
+    for p in pods.iter() {
+        if let (Some(i), GpuUse::Unknown(_)) = (p.node, &p.gpu) {
+            nodes[i].unknown_pods += 1;
+        }
+    }
+}
+
+/// Per node, the milli each GPU's device records sum to (before capping: over-commit
+/// shows) and the whole GPUs node-level pods hold; MIG uses are added to the node's pools
+/// here (a profile the node does not offer marks it inconsistent).
+fn device_sums(nodes: &mut [Node], pods: &[Pod]) -> (Vec<Vec<u64>>, Vec<u64>) {
     let mut sums: Vec<Vec<u64>> = nodes.iter().map(|n| vec![0; n.gpus.len()]).collect();
     let mut whole: Vec<u64> = vec![0; nodes.len()];
-    for p in pods.iter() {
+    for p in pods {
         let Some(i) = p.node else { continue };
         match &p.gpu {
             GpuUse::Devices(d) => {
@@ -688,8 +789,22 @@ fn apply_uses(nodes: &mut [Node], pods: &mut [Pod], kai: &[(usize, String, Milli
             _ => {}
         }
     }
+    (sums, whole)
+}
+
+/// A confirmed KAI group on a node: its fractions' milli sum and its members' pod indices.
+type KaiGroup = (u64, Vec<usize>);
+
+/// KAI groups confirmed by a reservation pod, per node as (milli sum, member pod indices),
+/// and the number of KAI reservation pods per node. Fractions of an unconfirmed group
+/// become unknown.
+fn kai_groups_per_node(
+    node_count: usize,
+    pods: &mut [Pod],
+    kai: &[(usize, String, Milli)],
+) -> (Vec<u64>, Vec<Vec<KaiGroup>>) {
     // KAI groups: each group holds one reserved GPU; fractions share it.
-    let mut groups: BTreeMap<(usize, String), (u64, Vec<usize>)> = BTreeMap::new();
+    let mut groups: BTreeMap<(usize, String), KaiGroup> = BTreeMap::new();
     for (pi, g, m) in kai {
         if let Some(n) = pods[*pi].node {
             let e = groups.entry((n, g.clone())).or_default();
@@ -702,7 +817,7 @@ fn apply_uses(nodes: &mut [Node], pods: &mut [Pod], kai: &[(usize, String, Milli
     // quadratic). Only a reservation pod — in the KAI namespace, holding a whole GPU, on
     // the same node — confirms a group: a fraction annotation and group label on a pod
     // are the tenant's own words.
-    let mut reservations: Vec<u64> = vec![0; nodes.len()];
+    let mut reservations: Vec<u64> = vec![0; node_count];
     let mut reserved: BTreeSet<(usize, String)> = BTreeSet::new();
     for p in pods.iter() {
         if let Some(i) = p.node
@@ -720,7 +835,7 @@ fn apply_uses(nodes: &mut [Node], pods: &mut [Pod], kai: &[(usize, String, Milli
         .filter(|(k, _)| !reserved.contains(k))
         .flat_map(|(_, (_, members))| members.iter().copied())
         .collect();
-    let groups: BTreeMap<(usize, String), (u64, Vec<usize>)> = groups
+    let groups: BTreeMap<(usize, String), KaiGroup> = groups
         .into_iter()
         .filter(|(k, _)| reserved.contains(k))
         .collect();
@@ -735,110 +850,98 @@ fn apply_uses(nodes: &mut [Node], pods: &mut [Pod], kai: &[(usize, String, Milli
         );
         pods[pi].gpu = GpuUse::Unknown(UnknownReason::Unconfirmed(why));
     }
-    let mut kai_groups_per_node: Vec<Vec<(u64, Vec<usize>)>> = vec![Vec::new(); nodes.len()];
+    let mut per_node: Vec<Vec<KaiGroup>> = vec![Vec::new(); node_count];
     for ((n, _), v) in groups {
-        kai_groups_per_node[n].push(v);
+        per_node[n].push(v);
     }
-    for (i, node) in nodes.iter_mut().enumerate() {
-        // A DRA node's GPU use is its claims' allocations, over-allocation included, read
-        // with the inventory (claims whose pods are gone still hold their devices).
-        if node.scheme == Scheme::Dra {
-            for (_, members) in &kai_groups_per_node[i] {
-                for pi in members {
-                    pods[*pi].gpu = GpuUse::Unknown(UnknownReason::DisagreesWithRequest(
-                        "KAI fraction on a dra node".into(),
-                    ));
-                }
-            }
-            continue;
+    (reservations, per_node)
+}
+
+/// Makes every member of the KAI groups unknown, for the reason `why` gives.
+fn mark_kai_unknown(pods: &mut [Pod], groups: &[KaiGroup], why: impl Fn() -> UnknownReason) {
+    for (_, members) in groups {
+        for pi in members {
+            pods[*pi].gpu = GpuUse::Unknown(why());
         }
-        // Over-committed devices: every pod on them becomes unknown.
-        let over: Vec<usize> = sums[i]
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| **s > u64::from(GPU_MILLI))
-            .map(|(g, _)| g)
-            .collect();
-        if !over.is_empty() {
-            let keys: Vec<&str> = over.iter().map(|g| node.gpus[*g].key.as_str()).collect();
-            let msg = format!(
-                "records on node {} over-commit GPU {}",
-                node.name,
-                keys.join(",")
-            );
-            node.inconsistent = Some(msg.clone());
-            for p in pods.iter_mut().filter(|p| p.node == Some(i)) {
-                if let GpuUse::Devices(d) = &p.gpu
-                    && d.iter().any(|(g, _)| over.contains(g))
-                {
-                    p.gpu = GpuUse::Unknown(UnknownReason::Overcommitted(msg.clone()));
-                }
-            }
-        }
-        for (g, s) in sums[i].iter().enumerate() {
-            node.gpus[g].used = (*s).min(u64::from(GPU_MILLI)) as Milli;
-        }
-        if node.granularity == Granularity::Node && node.scheme != Scheme::NvidiaSharing {
-            // KAI reservation pods hold one whole GPU per group; the group's fractions
-            // share it. Reserved GPUs come first, then the other whole-GPU pods.
-            let groups = &kai_groups_per_node[i];
-            let reservation_pods = reservations[i];
-            let plain = whole[i].saturating_sub(reservation_pods);
-            let total = node.gpus.len() as u64;
-            if plain + groups.len() as u64 > total {
-                node.inconsistent = Some(format!(
-                    "pods on node {} hold {} GPUs, node has {total}",
-                    node.name,
-                    plain + groups.len() as u64
-                ));
-            }
-            let mut g = 0usize;
-            for (sum, members) in groups {
-                if *sum > u64::from(GPU_MILLI) {
-                    node.inconsistent = Some(format!(
-                        "KAI fractions on one GPU of {} sum to {sum}",
-                        node.name
-                    ));
-                    for pi in members {
-                        pods[*pi].gpu = GpuUse::Unknown(UnknownReason::Overcommitted(format!(
-                            "KAI fractions on one GPU of {} sum to {sum}",
-                            node.name
-                        )));
-                    }
-                }
-                if g < node.gpus.len() {
-                    node.gpus[g].used = (*sum).min(u64::from(GPU_MILLI)) as Milli;
-                    for pi in members {
-                        if !pods[*pi].is_unknown() {
-                            let m = pods[*pi].shape.map(|s| s.milli).unwrap_or(0);
-                            pods[*pi].gpu = GpuUse::Devices(vec![(g, m)]);
-                            pods[*pi].scheme = Some(Scheme::Plain);
-                        }
-                    }
-                }
-                g += 1;
-            }
-            for _ in 0..plain {
-                if let Some(gpu) = node.gpus.get_mut(g) {
-                    gpu.used = GPU_MILLI;
-                }
-                g += 1;
-            }
-        } else {
-            for (_, members) in &kai_groups_per_node[i] {
-                for pi in members {
-                    pods[*pi].gpu = GpuUse::Unknown(UnknownReason::DisagreesWithRequest(format!(
-                        "KAI fraction on a {} node",
-                        node.scheme.as_str()
-                    )));
-                }
+    }
+}
+
+/// Sets the node's (node `i`'s) GPU use from its device sums, capped at a whole GPU;
+/// over-committed devices mark the node inconsistent and make every pod on them unknown.
+fn apply_device_sums(node: &mut Node, i: usize, sums: &[u64], pods: &mut [Pod]) {
+    // Over-committed devices: every pod on them becomes unknown.
+    let over: Vec<usize> = sums
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| **s > u64::from(GPU_MILLI))
+        .map(|(g, _)| g)
+        .collect();
+    if !over.is_empty() {
+        let keys: Vec<&str> = over.iter().map(|g| node.gpus[*g].key.as_str()).collect();
+        let msg = format!(
+            "records on node {} over-commit GPU {}",
+            node.name,
+            keys.join(",")
+        );
+        node.inconsistent = Some(msg.clone());
+        for p in pods.iter_mut().filter(|p| p.node == Some(i)) {
+            if let GpuUse::Devices(d) = &p.gpu
+                && d.iter().any(|(g, _)| over.contains(g))
+            {
+                p.gpu = GpuUse::Unknown(UnknownReason::Overcommitted(msg.clone()));
             }
         }
     }
-    for p in pods.iter() {
-        if let (Some(i), GpuUse::Unknown(_)) = (p.node, &p.gpu) {
-            nodes[i].unknown_pods += 1;
+    for (g, s) in sums.iter().enumerate() {
+        node.gpus[g].used = (*s).min(u64::from(GPU_MILLI)) as Milli;
+    }
+}
+
+/// On a node-level node, places the confirmed KAI groups (one GPU each, their fractions
+/// pinned to it) and then the `plain` whole GPUs of the other pods, marking the node
+/// inconsistent when they do not fit.
+fn place_kai_and_whole(node: &mut Node, groups: &[KaiGroup], plain: u64, pods: &mut [Pod]) {
+    // KAI reservation pods hold one whole GPU per group; the group's fractions
+    // share it. Reserved GPUs come first, then the other whole-GPU pods.
+    let total = node.gpus.len() as u64;
+    if plain + groups.len() as u64 > total {
+        node.inconsistent = Some(format!(
+            "pods on node {} hold {} GPUs, node has {total}",
+            node.name,
+            plain + groups.len() as u64
+        ));
+    }
+    let mut g = 0usize;
+    for (sum, members) in groups {
+        if *sum > u64::from(GPU_MILLI) {
+            node.inconsistent = Some(format!(
+                "KAI fractions on one GPU of {} sum to {sum}",
+                node.name
+            ));
+            for pi in members {
+                pods[*pi].gpu = GpuUse::Unknown(UnknownReason::Overcommitted(format!(
+                    "KAI fractions on one GPU of {} sum to {sum}",
+                    node.name
+                )));
+            }
         }
+        if g < node.gpus.len() {
+            node.gpus[g].used = (*sum).min(u64::from(GPU_MILLI)) as Milli;
+            for pi in members {
+                if !pods[*pi].is_unknown() {
+                    let m = pods[*pi].shape.map(|s| s.milli).unwrap_or(0);
+                    pods[*pi].gpu = GpuUse::Devices(vec![(g, m)]);
+                    pods[*pi].scheme = Some(Scheme::Plain);
+                }
+            }
+        }
+        g += 1;
+    }
+    for _ in 0..plain {
+        if let Some(gpu) = node.gpus.get_mut(g) {
+            gpu.used = GPU_MILLI;
+        }
+        g += 1;
     }
 }
 

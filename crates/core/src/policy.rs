@@ -243,89 +243,10 @@ impl Policy {
     /// Parses and checks a spec. Everything the CRD schema already refuses is checked
     /// again here: a policy read from a file never went through the API server.
     pub fn from_spec(spec: &DefragPolicySpec) -> Result<Policy, PolicyError> {
-        let scope = Scope {
-            node_selector: spec.node_selector.as_ref().map(label_selector),
-            include: spec
-                .namespaces
-                .as_ref()
-                .map(|n| n.include.clone())
-                .unwrap_or_default(),
-            exclude: match spec.namespaces.as_ref().and_then(|n| n.exclude.clone()) {
-                Some(listed) => listed,
-                None => {
-                    let included = spec.namespaces.as_ref().map(|n| &n.include);
-                    gpu_defrag_api::v1alpha1::SYSTEM_NAMESPACES
-                        .iter()
-                        .filter(|ns| included.is_none_or(|i| !i.iter().any(|x| x == *ns)))
-                        .map(|ns| ns.to_string())
-                        .collect()
-                }
-            },
-            pod_selector: spec.pod_selector.as_ref().map(label_selector),
-        };
-        let mut shapes = Vec::new();
-        if let Some(t) = &spec.target {
-            for (i, s) in t.shapes.iter().enumerate() {
-                let f = |n: &str| format!("spec.target.shapes[{i}].{n}");
-                let gpus = u32::try_from(s.gpus)
-                    .ok()
-                    .filter(|g| *g <= 64)
-                    .ok_or_else(|| err(f("gpus"), format!("must be 0..64, got {}", s.gpus)))?;
-                let milli = u32::try_from(s.milli_per_gpu)
-                    .ok()
-                    .filter(|m| (1..=GPU_MILLI).contains(m))
-                    .ok_or_else(|| {
-                        err(
-                            f("milliPerGpu"),
-                            format!("must be 1..1000, got {}", s.milli_per_gpu),
-                        )
-                    })?;
-                if gpus > 1 && milli != GPU_MILLI {
-                    return Err(err(
-                        f("milliPerGpu"),
-                        "a shape of more than one GPU must use whole GPUs (1000)",
-                    ));
-                }
-                if !(s.weight.is_finite() && s.weight > 0.0) {
-                    return Err(err(
-                        f("weight"),
-                        format!("must be greater than 0, got {}", s.weight),
-                    ));
-                }
-                let cpu = s
-                    .cpu
-                    .as_deref()
-                    .map(formats::quantity_to_milli)
-                    .transpose()
-                    .map_err(|e| err(f("cpu"), e.to_string()))?;
-                let memory = s
-                    .memory
-                    .as_deref()
-                    .map(formats::quantity_to_bytes)
-                    .transpose()
-                    .map_err(|e| err(f("memory"), e.to_string()))?;
-                shapes.push(TargetShape {
-                    gpus,
-                    milli_per_gpu: milli,
-                    cpu,
-                    memory,
-                    models: s.models.clone(),
-                    weight: s.weight,
-                });
-            }
-        }
+        let scope = scope_of(spec);
+        let mut shapes = target_shapes(spec)?;
         normalise(&mut shapes);
-        let rate = spec
-            .trigger
-            .as_ref()
-            .map(|t| t.min_fragment_rate)
-            .unwrap_or(0.1);
-        if !(0.0..=1.0).contains(&rate) {
-            return Err(err(
-                "spec.trigger.minFragmentRate",
-                format!("must be between 0 and 1, got {rate}"),
-            ));
-        }
+        let rate = min_fragment_rate(spec)?;
         let l = &spec.limits;
         let s = &spec.safety;
         Ok(Policy {
@@ -376,6 +297,109 @@ impl Policy {
             demand: spec.demand.as_ref().map(demand_policy).transpose()?,
         })
     }
+}
+
+/// Reads the policy's scope: its node and pod selectors and namespaces (the system
+/// namespaces are excluded unless `exclude` is given or they are included by name).
+fn scope_of(spec: &DefragPolicySpec) -> Scope {
+    Scope {
+        node_selector: spec.node_selector.as_ref().map(label_selector),
+        include: spec
+            .namespaces
+            .as_ref()
+            .map(|n| n.include.clone())
+            .unwrap_or_default(),
+        exclude: match spec.namespaces.as_ref().and_then(|n| n.exclude.clone()) {
+            Some(listed) => listed,
+            None => {
+                let included = spec.namespaces.as_ref().map(|n| &n.include);
+                gpu_defrag_api::v1alpha1::SYSTEM_NAMESPACES
+                    .iter()
+                    .filter(|ns| included.is_none_or(|i| !i.iter().any(|x| x == *ns)))
+                    .map(|ns| ns.to_string())
+                    .collect()
+            }
+        },
+        pod_selector: spec.pod_selector.as_ref().map(label_selector),
+    }
+}
+
+/// Reads and checks `spec.target.shapes` (not yet normalised).
+fn target_shapes(spec: &DefragPolicySpec) -> Result<Vec<TargetShape>, PolicyError> {
+    let Some(t) = &spec.target else {
+        return Ok(Vec::new());
+    };
+    t.shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| target_shape(i, s))
+        .collect()
+}
+
+/// Reads and checks `spec.target.shapes[i]`.
+fn target_shape(i: usize, s: &gpu_defrag_api::v1alpha1::Shape) -> Result<TargetShape, PolicyError> {
+    let f = |n: &str| format!("spec.target.shapes[{i}].{n}");
+    let gpus = u32::try_from(s.gpus)
+        .ok()
+        .filter(|g| *g <= 64)
+        .ok_or_else(|| err(f("gpus"), format!("must be 0..64, got {}", s.gpus)))?;
+    let milli = u32::try_from(s.milli_per_gpu)
+        .ok()
+        .filter(|m| (1..=GPU_MILLI).contains(m))
+        .ok_or_else(|| {
+            err(
+                f("milliPerGpu"),
+                format!("must be 1..1000, got {}", s.milli_per_gpu),
+            )
+        })?;
+    if gpus > 1 && milli != GPU_MILLI {
+        return Err(err(
+            f("milliPerGpu"),
+            "a shape of more than one GPU must use whole GPUs (1000)",
+        ));
+    }
+    if !(s.weight.is_finite() && s.weight > 0.0) {
+        return Err(err(
+            f("weight"),
+            format!("must be greater than 0, got {}", s.weight),
+        ));
+    }
+    let cpu = s
+        .cpu
+        .as_deref()
+        .map(formats::quantity_to_milli)
+        .transpose()
+        .map_err(|e| err(f("cpu"), e.to_string()))?;
+    let memory = s
+        .memory
+        .as_deref()
+        .map(formats::quantity_to_bytes)
+        .transpose()
+        .map_err(|e| err(f("memory"), e.to_string()))?;
+    Ok(TargetShape {
+        gpus,
+        milli_per_gpu: milli,
+        cpu,
+        memory,
+        models: s.models.clone(),
+        weight: s.weight,
+    })
+}
+
+/// Reads and checks `spec.trigger.minFragmentRate` (0.1 without a trigger).
+fn min_fragment_rate(spec: &DefragPolicySpec) -> Result<f64, PolicyError> {
+    let rate = spec
+        .trigger
+        .as_ref()
+        .map(|t| t.min_fragment_rate)
+        .unwrap_or(0.1);
+    if !(0.0..=1.0).contains(&rate) {
+        return Err(err(
+            "spec.trigger.minFragmentRate",
+            format!("must be between 0 and 1, got {rate}"),
+        ));
+    }
+    Ok(rate)
 }
 
 impl Default for DemandPolicy {

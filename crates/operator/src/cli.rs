@@ -193,28 +193,7 @@ pub fn run(cli: Cli, as_plugin: bool) -> anyhow::Result<()> {
             kube_burst,
             log_format,
         } => {
-            if !(kube_qps.is_finite() && kube_qps >= 0.0) {
-                return Err(input::InputError(format!(
-                    "--kube-qps must be a number >= 0, not {kube_qps}"
-                ))
-                .into());
-            }
-            let idle = idle.config().map_err(input::InputError)?;
-            let label_value = |s: &str| {
-                !s.is_empty()
-                    && s.len() <= 63
-                    && s.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-                    && s.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-                    && s.chars()
-                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-            };
-            if !label_value(&landing.landing_configmap) {
-                return Err(input::InputError(format!(
-                    "--landing-configmap must be a DNS label of at most 63 characters, not {:?}",
-                    landing.landing_configmap
-                ))
-                .into());
-            }
+            let idle = check_run_args(kube_qps, &idle, &landing)?;
             init_logs(log_format);
             let identity = identity
                 .or_else(|| std::env::var("HOSTNAME").ok())
@@ -231,24 +210,18 @@ pub fn run(cli: Cli, as_plugin: bool) -> anyhow::Result<()> {
                 let client = run_client(&input::KubeArgs::default(), limit).await?;
                 let metrics = metrics::Metrics::with_per_gpu(metrics_per_gpu);
                 let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-                let mut elector = None;
-                let leader = if leader_elect {
-                    let state = lease::LeaderState::default();
-                    let e = lease::LeaderElector::new(
-                        client.clone(),
+                let (leader, elector) = if leader_elect {
+                    start_leader_election(
+                        &client,
+                        &metrics,
                         &lease_namespace,
                         &lease_name,
+                        lease_duration,
                         &identity,
-                        std::time::Duration::from_secs(lease_duration),
-                        std::time::Duration::from_secs((lease_duration / 3).max(1)),
                     )
-                    .with_metrics(metrics.clone());
-                    tokio::spawn(e.clone().run(state.clone()));
-                    elector = Some(e);
-                    state
                 } else {
                     metrics.set_leader(true);
-                    lease::LeaderState::always()
+                    (lease::LeaderState::always(), None)
                 };
                 tokio::spawn(http::serve(metrics_addr, metrics.clone(), ready.clone()));
                 let result = controller::run(
@@ -284,15 +257,7 @@ pub fn run(cli: Cli, as_plugin: bool) -> anyhow::Result<()> {
             kube,
         } => {
             let (cluster, policy, _) = load_inputs(snapshot, policy, policy_name, now, &kube)?;
-            let report = frag::report(&cluster, &policy);
-            match output {
-                Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-                Output::Table => {
-                    print!("{}", render::summary(&report));
-                    println!();
-                    print!("{}", render::heatmap(&report, max_rows));
-                }
-            }
+            print_report(&frag::report(&cluster, &policy), output, max_rows)?;
         }
         Cmd::Plan {
             policy_name,
@@ -308,28 +273,7 @@ pub fn run(cli: Cli, as_plugin: bool) -> anyhow::Result<()> {
             if let Some(key) = for_pod {
                 return demand_preview(&cluster, &policy, now, &key, &before, output);
             }
-            let plan = gpu_defrag_core::plan::plan(&cluster, &policy, now, &Default::default());
-            let after_cluster = gpu_defrag_core::plan::apply(&cluster, &plan);
-            let after = frag::report(&after_cluster, &policy);
-            match output {
-                Output::Json => {
-                    let v = serde_json::json!({
-                        "before": before,
-                        "after": after,
-                        "moves": plan.moves,
-                        "batches": plan.batches,
-                        "evictions": plan.moves.len(),
-                        "skipped": plan.skipped,
-                        "skippedPods": plan.skipped_pods,
-                        "unchecked": plan.unchecked,
-                        "fencedNodes": plan.fenced_nodes,
-                        "fencedDevices": plan.fenced_devices,
-                        "pendingServed": plan.pending_served,
-                    });
-                    println!("{}", serde_json::to_string_pretty(&v)?);
-                }
-                Output::Table => print!("{}", render::plan(&before, &after, &plan)),
-            }
+            print_plan(&cluster, &policy, now, &before, output)?;
         }
         Cmd::Status { name, output, kube } => {
             let objs = block_on(async {
@@ -338,6 +282,113 @@ pub fn run(cli: Cli, as_plugin: bool) -> anyhow::Result<()> {
             let json = matches!(output, Output::Json);
             print!("{}", render::status(&objs, name.is_some(), json)?);
         }
+    }
+    Ok(())
+}
+
+/// Checks the arguments of `gpu-defrag run` the parser does not (`--kube-qps`, the idle
+/// source, `--landing-configmap`); returns the idle source's configuration.
+fn check_run_args(
+    kube_qps: f64,
+    idle: &idle::IdleArgs,
+    landing: &LandingArgs,
+) -> anyhow::Result<Option<idle::IdleConfig>> {
+    if !(kube_qps.is_finite() && kube_qps >= 0.0) {
+        return Err(
+            input::InputError(format!("--kube-qps must be a number >= 0, not {kube_qps}")).into(),
+        );
+    }
+    let idle = idle.config().map_err(input::InputError)?;
+    if !is_dns_label(&landing.landing_configmap) {
+        return Err(input::InputError(format!(
+            "--landing-configmap must be a DNS label of at most 63 characters, not {:?}",
+            landing.landing_configmap
+        ))
+        .into());
+    }
+    Ok(idle)
+}
+
+/// `s` is a DNS label (RFC 1123) usable as a label value: 1 to 63 lowercase letters,
+/// digits and dashes, starting and ending with a letter or digit.
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && s.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
+
+/// Starts electing a leader through the Lease `lease_namespace/lease_name` (of
+/// `lease_duration` seconds) as `identity`; returns the leadership state and the elector
+/// (to hand the lease over on shutdown).
+fn start_leader_election(
+    client: &kube::Client,
+    metrics: &metrics::Metrics,
+    lease_namespace: &str,
+    lease_name: &str,
+    lease_duration: u64,
+    identity: &str,
+) -> (lease::LeaderState, Option<lease::LeaderElector>) {
+    let state = lease::LeaderState::default();
+    let e = lease::LeaderElector::new(
+        client.clone(),
+        lease_namespace,
+        lease_name,
+        identity,
+        std::time::Duration::from_secs(lease_duration),
+        std::time::Duration::from_secs((lease_duration / 3).max(1)),
+    )
+    .with_metrics(metrics.clone());
+    tokio::spawn(e.clone().run(state.clone()));
+    (state, Some(e))
+}
+
+/// Prints a fragmentation report (`gpu-defrag report`): as JSON, or the summary and the
+/// heatmap of at most `max_rows` rows.
+fn print_report(report: &frag::Report, output: Output, max_rows: usize) -> anyhow::Result<()> {
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(report)?),
+        Output::Table => {
+            print!("{}", render::summary(report));
+            println!();
+            print!("{}", render::heatmap(report, max_rows));
+        }
+    }
+    Ok(())
+}
+
+/// Plans a defragmentation run and prints it (`gpu-defrag plan`): the report `before`,
+/// the moves, and the report after them.
+fn print_plan(
+    cluster: &gpu_defrag_core::model::Cluster,
+    policy: &Policy,
+    now: Option<chrono::DateTime<chrono::Utc>>,
+    before: &frag::Report,
+    output: Output,
+) -> anyhow::Result<()> {
+    let plan = gpu_defrag_core::plan::plan(cluster, policy, now, &Default::default());
+    let after_cluster = gpu_defrag_core::plan::apply(cluster, &plan);
+    let after = frag::report(&after_cluster, policy);
+    match output {
+        Output::Json => {
+            let v = serde_json::json!({
+                "before": before,
+                "after": after,
+                "moves": plan.moves,
+                "batches": plan.batches,
+                "evictions": plan.moves.len(),
+                "skipped": plan.skipped,
+                "skippedPods": plan.skipped_pods,
+                "unchecked": plan.unchecked,
+                "fencedNodes": plan.fenced_nodes,
+                "fencedDevices": plan.fenced_devices,
+                "pendingServed": plan.pending_served,
+            });
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        Output::Table => print!("{}", render::plan(before, &after, &plan)),
     }
     Ok(())
 }

@@ -188,17 +188,10 @@ fn policy(p: &str) -> PolicyLabel {
     }
 }
 
-impl Metrics {
-    /// Creates every family and registers it, plus `gpu_defrag_build_info{version}`; no
-    /// per-GPU family.
-    pub fn new() -> Self {
-        Self::with_per_gpu(false)
-    }
-
-    /// Like [`Metrics::new`], plus `gpu_defrag_gpu_used_milli{node,gpu}` when `per_gpu`.
-    pub fn with_per_gpu(per_gpu: bool) -> Self {
-        let mut registry = Registry::with_prefix("gpu_defrag");
-        let mut inner = Inner {
+impl Inner {
+    /// Every family, empty and not yet registered (the per-GPU one only when `per_gpu`).
+    fn unregistered(per_gpu: bool) -> Self {
+        Inner {
             registry: Registry::default(),
             fragment_rate: Family::default(),
             min_fragment_rate: Family::default(),
@@ -233,152 +226,188 @@ impl Metrics {
             seen: Mutex::default(),
             gpu_used: per_gpu.then(Family::default),
             gpus_seen: Mutex::default(),
-        };
+        }
+    }
+}
+
+/// Registers the gauges of cluster state: fragmentation, plan, skipped pods, MIG
+/// partitions and the window.
+fn register_cluster_gauges(r: &mut Registry, inner: &Inner) {
+    r.register(
+        "fragment_rate",
+        "Fragment rate of the policy's GPUs (0..1)",
+        inner.fragment_rate.clone(),
+    );
+    r.register(
+        "policy_min_fragment_rate",
+        "The policy's trigger: runs start only at or above this fragment rate (0..1)",
+        inner.min_fragment_rate.clone(),
+    );
+    r.register(
+        "idle_milli",
+        "Free GPU capacity in milli-GPUs",
+        inner.idle_milli.clone(),
+    );
+    r.register(
+        "fragment_milli",
+        "Free GPU capacity no target shape can use, in milli-GPUs",
+        inner.fragment_milli.clone(),
+    );
+    r.register(
+        "fully_free_gpus",
+        "GPUs with nothing allocated",
+        inner.fully_free_gpus.clone(),
+    );
+    r.register(
+        "fully_free_nodes",
+        "Nodes whose GPUs are all free",
+        inner.fully_free_nodes.clone(),
+    );
+    r.register(
+        "unknown_pods",
+        "GPU pods whose placement could not be determined",
+        inner.unknown_pods.clone(),
+    );
+    r.register(
+        "pending_unplaceable_pods",
+        "Pending GPU pods that fit on no node",
+        inner.pending_unplaceable.clone(),
+    );
+    r.register(
+        "plan_moves",
+        "Moves in the current plan",
+        inner.plan_moves.clone(),
+    );
+    r.register(
+        "skipped_pods",
+        "Pods the planner may not move, by reason",
+        inner.skipped_pods.clone(),
+    );
+    r.register(
+        "mig_partitions",
+        "MIG partitions of the policy's nodes by profile: used, and free (how many more fit now)",
+        inner.mig_partitions.clone(),
+    );
+    r.register(
+        "window_open",
+        "1 while the policy's maintenance window is open",
+        inner.window_open.clone(),
+    );
+}
+
+/// Registers the executor's and the reconciler's counters and histograms, and the
+/// leader gauge.
+fn register_run_metrics(r: &mut Registry, inner: &Inner) {
+    r.register(
+        "evictions",
+        "Eviction attempts by result",
+        inner.evictions.clone(),
+    );
+    r.register_with_unit(
+        "run_duration",
+        "Duration of executor runs",
+        Unit::Seconds,
+        inner.run_duration.clone(),
+    );
+    r.register("runs", "Executor runs by result", inner.runs.clone());
+    r.register(
+        "reconcile_errors",
+        "Reconcile errors by kind",
+        inner.reconcile_errors.clone(),
+    );
+    r.register_with_unit(
+        "reconcile_duration",
+        "Duration of policy reconciles",
+        Unit::Seconds,
+        inner.reconcile_duration.clone(),
+    );
+    r.register(
+        "is_leader",
+        "1 while this replica holds the leader lease",
+        inner.is_leader.clone(),
+    );
+}
+
+/// Registers the idle-GPU and landing-control families.
+fn register_idle_and_landing(r: &mut Registry, inner: &Inner) {
+    r.register(
+        "idle_allocated_pods",
+        "Pods holding GPUs whose activity stayed under the idle threshold over the lookback window (needs --prometheus-url)",
+        inner.idle_alloc_pods.clone(),
+    );
+    r.register(
+        "idle_allocated_gpus",
+        "GPUs allocated only to idle pods (needs --prometheus-url)",
+        inner.idle_alloc_gpus.clone(),
+    );
+    r.register(
+        "idle_allocated_milli",
+        "Milli-GPUs held by idle pods (needs --prometheus-url)",
+        inner.idle_alloc_milli.clone(),
+    );
+    r.register(
+        "idle_query_errors",
+        "Failed Prometheus queries for GPU activity, by kind",
+        inner.idle_query_errors.clone(),
+    );
+    r.register(
+        "landings",
+        "Replacements of evicted pods by where they landed: planned (the move's target node) or elsewhere",
+        inner.landings.clone(),
+    );
+    r.register(
+        "landing_actions",
+        "Landing control on held replacements, by kind: nominated, released (no nomination), swept (at start-up), pending_nominated (a pending pod onto the node a run emptied), timed_out, release_failed, nominate_failed",
+        inner.landing_actions.clone(),
+    );
+    r.register(
+        "landing_stuck_pods",
+        "Pods still held by the landing gate past their hold timeout (the gate could not be removed)",
+        inner.landing_stuck.clone(),
+    );
+}
+
+/// Registers the demand-run families.
+fn register_demand(r: &mut Registry, inner: &Inner) {
+    r.register(
+        "demand_waiting",
+        "Pending GPU pods (gangs counted once) a demand run would serve now: waited demand.minWait, fit no node",
+        inner.demand_waiting.clone(),
+    );
+    r.register(
+        "demand_runs",
+        "Demand runs and searches by result (Served, Stalled, NoRoom, BudgetSpent)",
+        inner.demand_runs.clone(),
+    );
+    r.register_with_unit(
+        "demand_wait",
+        "How long each pod a demand run served had been unschedulable when it bound",
+        Unit::Seconds,
+        inner.demand_wait.clone(),
+    );
+    r.register(
+        "demand_evictions",
+        "Evictions spent by demand runs",
+        inner.demand_evictions.clone(),
+    );
+}
+
+impl Metrics {
+    /// Creates every family and registers it, plus `gpu_defrag_build_info{version}`; no
+    /// per-GPU family.
+    pub fn new() -> Self {
+        Self::with_per_gpu(false)
+    }
+
+    /// Like [`Metrics::new`], plus `gpu_defrag_gpu_used_milli{node,gpu}` when `per_gpu`.
+    pub fn with_per_gpu(per_gpu: bool) -> Self {
+        let mut registry = Registry::with_prefix("gpu_defrag");
+        let mut inner = Inner::unregistered(per_gpu);
         let r = &mut registry;
-        r.register(
-            "fragment_rate",
-            "Fragment rate of the policy's GPUs (0..1)",
-            inner.fragment_rate.clone(),
-        );
-        r.register(
-            "policy_min_fragment_rate",
-            "The policy's trigger: runs start only at or above this fragment rate (0..1)",
-            inner.min_fragment_rate.clone(),
-        );
-        r.register(
-            "idle_milli",
-            "Free GPU capacity in milli-GPUs",
-            inner.idle_milli.clone(),
-        );
-        r.register(
-            "fragment_milli",
-            "Free GPU capacity no target shape can use, in milli-GPUs",
-            inner.fragment_milli.clone(),
-        );
-        r.register(
-            "fully_free_gpus",
-            "GPUs with nothing allocated",
-            inner.fully_free_gpus.clone(),
-        );
-        r.register(
-            "fully_free_nodes",
-            "Nodes whose GPUs are all free",
-            inner.fully_free_nodes.clone(),
-        );
-        r.register(
-            "unknown_pods",
-            "GPU pods whose placement could not be determined",
-            inner.unknown_pods.clone(),
-        );
-        r.register(
-            "pending_unplaceable_pods",
-            "Pending GPU pods that fit on no node",
-            inner.pending_unplaceable.clone(),
-        );
-        r.register(
-            "plan_moves",
-            "Moves in the current plan",
-            inner.plan_moves.clone(),
-        );
-        r.register(
-            "skipped_pods",
-            "Pods the planner may not move, by reason",
-            inner.skipped_pods.clone(),
-        );
-        r.register(
-            "mig_partitions",
-            "MIG partitions of the policy's nodes by profile: used, and free (how many more fit now)",
-            inner.mig_partitions.clone(),
-        );
-        r.register(
-            "window_open",
-            "1 while the policy's maintenance window is open",
-            inner.window_open.clone(),
-        );
-        r.register(
-            "evictions",
-            "Eviction attempts by result",
-            inner.evictions.clone(),
-        );
-        r.register_with_unit(
-            "run_duration",
-            "Duration of executor runs",
-            Unit::Seconds,
-            inner.run_duration.clone(),
-        );
-        r.register("runs", "Executor runs by result", inner.runs.clone());
-        r.register(
-            "reconcile_errors",
-            "Reconcile errors by kind",
-            inner.reconcile_errors.clone(),
-        );
-        r.register_with_unit(
-            "reconcile_duration",
-            "Duration of policy reconciles",
-            Unit::Seconds,
-            inner.reconcile_duration.clone(),
-        );
-        r.register(
-            "is_leader",
-            "1 while this replica holds the leader lease",
-            inner.is_leader.clone(),
-        );
-        r.register(
-            "idle_allocated_pods",
-            "Pods holding GPUs whose activity stayed under the idle threshold over the lookback window (needs --prometheus-url)",
-            inner.idle_alloc_pods.clone(),
-        );
-        r.register(
-            "idle_allocated_gpus",
-            "GPUs allocated only to idle pods (needs --prometheus-url)",
-            inner.idle_alloc_gpus.clone(),
-        );
-        r.register(
-            "idle_allocated_milli",
-            "Milli-GPUs held by idle pods (needs --prometheus-url)",
-            inner.idle_alloc_milli.clone(),
-        );
-        r.register(
-            "idle_query_errors",
-            "Failed Prometheus queries for GPU activity, by kind",
-            inner.idle_query_errors.clone(),
-        );
-        r.register(
-            "landings",
-            "Replacements of evicted pods by where they landed: planned (the move's target node) or elsewhere",
-            inner.landings.clone(),
-        );
-        r.register(
-            "landing_actions",
-            "Landing control on held replacements, by kind: nominated, released (no nomination), swept (at start-up), pending_nominated (a pending pod onto the node a run emptied), timed_out, release_failed, nominate_failed",
-            inner.landing_actions.clone(),
-        );
-        r.register(
-            "landing_stuck_pods",
-            "Pods still held by the landing gate past their hold timeout (the gate could not be removed)",
-            inner.landing_stuck.clone(),
-        );
-        r.register(
-            "demand_waiting",
-            "Pending GPU pods (gangs counted once) a demand run would serve now: waited demand.minWait, fit no node",
-            inner.demand_waiting.clone(),
-        );
-        r.register(
-            "demand_runs",
-            "Demand runs and searches by result (Served, Stalled, NoRoom, BudgetSpent)",
-            inner.demand_runs.clone(),
-        );
-        r.register_with_unit(
-            "demand_wait",
-            "How long each pod a demand run served had been unschedulable when it bound",
-            Unit::Seconds,
-            inner.demand_wait.clone(),
-        );
-        r.register(
-            "demand_evictions",
-            "Evictions spent by demand runs",
-            inner.demand_evictions.clone(),
-        );
+        register_cluster_gauges(r, &inner);
+        register_run_metrics(r, &inner);
+        register_idle_and_landing(r, &inner);
+        register_demand(r, &inner);
         if let Some(f) = &inner.gpu_used {
             r.register(
                 "gpu_used_milli",

@@ -490,6 +490,18 @@ pub fn status_detail(p: &PolicyView, now: DateTime<Utc>) -> String {
     let st = &p.status;
     let mut s = status_table(std::slice::from_ref(p), now);
     let _ = writeln!(s);
+    write_fragmentation(&mut s, st, now);
+    write_plan(&mut s, st, now);
+    write_window(&mut s, st, now);
+    write_runs(&mut s, st, now);
+    write_conditions(&mut s, st, now);
+    write_skipped(&mut s, st);
+    write_idle(&mut s, st, now);
+    s
+}
+
+/// Writes the fragmentation lines of a policy's status.
+fn write_fragmentation(s: &mut String, st: &DefragPolicyStatus, now: DateTime<Utc>) {
     match &st.fragmentation {
         Some(f) => {
             let _ = writeln!(
@@ -523,6 +535,10 @@ pub fn status_detail(p: &PolicyView, now: DateTime<Utc>) -> String {
             let _ = writeln!(s, "Fragmentation  not measured yet");
         }
     }
+}
+
+/// Writes the plan lines of a policy's status: its totals, the dry-run check and the first moves.
+fn write_plan(s: &mut String, st: &DefragPolicyStatus, now: DateTime<Utc>) {
     match &st.plan {
         Some(pl) => {
             let _ = writeln!(
@@ -578,6 +594,10 @@ pub fn status_detail(p: &PolicyView, now: DateTime<Utc>) -> String {
             let _ = writeln!(s, "Plan           none yet");
         }
     }
+}
+
+/// Writes the window line of a policy's status.
+fn write_window(s: &mut String, st: &DefragPolicyStatus, now: DateTime<Utc>) {
     match &st.next_window {
         Some(w) => {
             let _ = writeln!(
@@ -596,42 +616,48 @@ pub fn status_detail(p: &PolicyView, now: DateTime<Utc>) -> String {
             );
         }
     }
-    let run_rows = |runs: &[&RunRecord]| {
-        let mut rows = vec![
-            [
-                "ID", "RESULT", "STARTED", "FINISHED", "PLANNED", "EVICTED", "BLOCKED", "BOUNCED",
-                "FAILED", "FRAGMENT", "MESSAGE",
-            ]
-            .map(String::from)
-            .to_vec(),
-        ];
-        for r in runs {
-            rows.push(vec![
-                r.id.clone(),
-                r.result.clone(),
-                relative(&r.started_at, now),
-                r.finished_at
-                    .as_deref()
-                    .map(|f| relative(f, now))
-                    .unwrap_or_else(|| "-".into()),
-                r.planned.to_string(),
-                r.evicted.to_string(),
-                r.blocked.to_string(),
-                r.bounced.to_string(),
-                r.failed.to_string(),
-                match r.fragment_rate_after {
-                    Some(a) => format!("{:.3}→{a:.3}", r.fragment_rate_before),
-                    None => format!("{:.3}→", r.fragment_rate_before),
-                },
-                r.message.clone(),
-            ]);
-        }
-        indent(&columns(&rows), "  ")
-    };
+}
+
+/// A table of run records, indented, with times relative to `now`.
+fn runs_table(runs: &[&RunRecord], now: DateTime<Utc>) -> String {
+    let mut rows = vec![
+        [
+            "ID", "RESULT", "STARTED", "FINISHED", "PLANNED", "EVICTED", "BLOCKED", "BOUNCED",
+            "FAILED", "FRAGMENT", "MESSAGE",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    for r in runs {
+        rows.push(vec![
+            r.id.clone(),
+            r.result.clone(),
+            relative(&r.started_at, now),
+            r.finished_at
+                .as_deref()
+                .map(|f| relative(f, now))
+                .unwrap_or_else(|| "-".into()),
+            r.planned.to_string(),
+            r.evicted.to_string(),
+            r.blocked.to_string(),
+            r.bounced.to_string(),
+            r.failed.to_string(),
+            match r.fragment_rate_after {
+                Some(a) => format!("{:.3}→{a:.3}", r.fragment_rate_before),
+                None => format!("{:.3}→", r.fragment_rate_before),
+            },
+            r.message.clone(),
+        ]);
+    }
+    indent(&columns(&rows), "  ")
+}
+
+/// Writes the active run and the last runs of a policy's status.
+fn write_runs(s: &mut String, st: &DefragPolicyStatus, now: DateTime<Utc>) {
     match &st.active_run {
         Some(r) => {
             let _ = writeln!(s, "Active run     ends by {}", r.window_end);
-            s.push_str(&run_rows(&[r]));
+            s.push_str(&runs_table(&[r], now));
         }
         None => {
             let _ = writeln!(s, "Active run     none");
@@ -641,8 +667,12 @@ pub fn status_detail(p: &PolicyView, now: DateTime<Utc>) -> String {
         let _ = writeln!(s, "Last runs      none");
     } else {
         let _ = writeln!(s, "Last runs (newest first)");
-        s.push_str(&run_rows(&st.last_runs.iter().collect::<Vec<_>>()));
+        s.push_str(&runs_table(&st.last_runs.iter().collect::<Vec<_>>(), now));
     }
+}
+
+/// Writes the conditions of a policy's status.
+fn write_conditions(s: &mut String, st: &DefragPolicyStatus, now: DateTime<Utc>) {
     if st.conditions.is_empty() {
         let _ = writeln!(
             s,
@@ -652,6 +682,10 @@ pub fn status_detail(p: &PolicyView, now: DateTime<Utc>) -> String {
         let _ = writeln!(s, "Conditions");
         s.push_str(&indent(&conditions_table(&st.conditions, now), "  "));
     }
+}
+
+/// Writes the skipped-pod counts of a policy's status.
+fn write_skipped(s: &mut String, st: &DefragPolicyStatus) {
     if st.skipped.is_empty() {
         let _ = writeln!(s, "Skipped pods   none");
     } else {
@@ -662,6 +696,10 @@ pub fn status_detail(p: &PolicyView, now: DateTime<Utc>) -> String {
             list.join(", ")
         );
     }
+}
+
+/// Writes the idle allocated GPUs of a policy's status.
+fn write_idle(s: &mut String, st: &DefragPolicyStatus, now: DateTime<Utc>) {
     if let Some(i) = &st.idle_allocated {
         let _ = writeln!(
             s,
@@ -687,7 +725,6 @@ pub fn status_detail(p: &PolicyView, now: DateTime<Utc>) -> String {
             let _ = writeln!(s, "  … {} more", i.pods - i.idle_pods.len() as i64);
         }
     }
-    s
 }
 
 fn conditions_table(conds: &[Condition], now: DateTime<Utc>) -> String {

@@ -197,105 +197,145 @@ impl Inventory {
             if let Some(b) = &d.bad {
                 out.error.get_or_insert_with(|| b.clone());
             }
-            let mut used: u64 = 0;
-            for u in uses.get(&g).into_iter().flatten() {
-                used += if u.share {
-                    u64::from(share_milli(d, &u.consumed).unwrap_or(GPU_MILLI))
-                } else {
-                    u64::from(GPU_MILLI)
-                };
-            }
-            // MIG partitions allocated on it.
-            let children: Vec<usize> = migs
-                .iter()
-                .copied()
-                .filter(|m| parents.get(m) == Some(&Some(g)) && uses.contains_key(m))
-                .collect();
-            if !children.is_empty() {
-                used = used.max(u64::from(self.carved(g, &children)));
-            }
-            let partitions = children
-                .iter()
-                .map(|&m| self.devs[m].profile.clone().unwrap_or_else(|| "mig".into()))
-                .collect();
             if out.model.is_none() {
                 out.model = d.product.clone();
             }
-            out.gpus.push((
-                Gpu {
-                    key: d.name.clone(),
-                    used: used.min(u64::from(GPU_MILLI)) as Milli,
-                    healthy: !d.tainted,
-                    memory_mib: d.capacity.get("memory").map(|b| b / (1 << 20)),
-                },
-                DraGpu {
-                    driver: d.driver.clone(),
-                    pool: d.pool.clone(),
-                    device: d.name.clone(),
-                    uuid: d.uuid.clone(),
-                    pcie_root: d.pcie_root.clone(),
-                    partitions,
-                    taints: d.taints.clone(),
-                },
-            ));
+            out.gpus.push(self.gpu_entry(g, &migs, &parents, uses));
         }
-        // MIG pools: used, and how many more of each profile fit (first fit, in order).
-        let mut profiles: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-        for &m in &migs {
-            let p = self.devs[m].profile.clone().unwrap_or_else(|| "mig".into());
-            profiles.entry(p).or_default().push(m);
-        }
-        for (profile, ms) in profiles {
-            let used = ms.iter().filter(|m| uses.contains_key(m)).count() as u64;
-            let mut left = self.remaining.clone();
-            let mut free = 0u64;
-            for &m in &ms {
-                let d = &self.devs[m];
-                if uses.contains_key(&m) || d.tainted || d.bad.is_some() {
-                    continue;
-                }
-                // Without counters, a partition is free only while its parent is unused.
-                if let Some(Some(p)) = parents.get(&m)
-                    && d.consumes.is_empty()
-                    && uses.contains_key(p)
-                {
-                    continue;
-                }
-                let fits = d.consumes.iter().all(|(set, cs)| {
-                    let key = (d.driver.clone(), d.pool.clone(), set.clone());
-                    cs.iter().all(|(k, v)| {
-                        left.get(&key)
-                            .and_then(|s| s.get(k))
-                            .is_some_and(|have| have >= v)
-                    })
-                });
-                if !fits {
-                    continue;
-                }
-                for (set, cs) in &d.consumes {
-                    let key = (d.driver.clone(), d.pool.clone(), set.clone());
-                    if let Some(s) = left.get_mut(&key) {
-                        for (k, v) in cs {
-                            if let Some(x) = s.get_mut(k) {
-                                *x = x.saturating_sub(*v);
-                            }
-                        }
-                    }
-                }
-                free += 1;
-            }
-            out.mig.push(MigPool {
-                profile,
-                capacity: used + free,
-                used,
-            });
-        }
+        out.mig = self.mig_pools(&migs, &parents, uses);
         for &i in devs {
             if let Some(b) = &self.devs[i].bad {
                 out.error.get_or_insert_with(|| b.clone());
             }
         }
         out
+    }
+
+    /// GPU `g` as the model reads it: its use (its claims' shares or whole use, or the
+    /// share its allocated MIG partitions carve, whichever is larger) and its DRA
+    /// identity, partitions included.
+    fn gpu_entry(
+        &self,
+        g: usize,
+        migs: &[usize],
+        parents: &HashMap<usize, Option<usize>>,
+        uses: &HashMap<usize, Vec<Use>>,
+    ) -> (Gpu, DraGpu) {
+        let d = &self.devs[g];
+        let mut used: u64 = 0;
+        for u in uses.get(&g).into_iter().flatten() {
+            used += if u.share {
+                u64::from(share_milli(d, &u.consumed).unwrap_or(GPU_MILLI))
+            } else {
+                u64::from(GPU_MILLI)
+            };
+        }
+        // MIG partitions allocated on it.
+        let children: Vec<usize> = migs
+            .iter()
+            .copied()
+            .filter(|m| parents.get(m) == Some(&Some(g)) && uses.contains_key(m))
+            .collect();
+        if !children.is_empty() {
+            used = used.max(u64::from(self.carved(g, &children)));
+        }
+        let partitions = children
+            .iter()
+            .map(|&m| self.devs[m].profile.clone().unwrap_or_else(|| "mig".into()))
+            .collect();
+        (
+            Gpu {
+                key: d.name.clone(),
+                used: used.min(u64::from(GPU_MILLI)) as Milli,
+                healthy: !d.tainted,
+                memory_mib: d.capacity.get("memory").map(|b| b / (1 << 20)),
+            },
+            DraGpu {
+                driver: d.driver.clone(),
+                pool: d.pool.clone(),
+                device: d.name.clone(),
+                uuid: d.uuid.clone(),
+                pcie_root: d.pcie_root.clone(),
+                partitions,
+                taints: d.taints.clone(),
+            },
+        )
+    }
+
+    /// The node's MIG pools, one per profile: partitions used, and how many more of each
+    /// profile fit (first fit, in order, against the counters left).
+    fn mig_pools(
+        &self,
+        migs: &[usize],
+        parents: &HashMap<usize, Option<usize>>,
+        uses: &HashMap<usize, Vec<Use>>,
+    ) -> Vec<MigPool> {
+        // MIG pools: used, and how many more of each profile fit (first fit, in order).
+        let mut profiles: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for &m in migs {
+            let p = self.devs[m].profile.clone().unwrap_or_else(|| "mig".into());
+            profiles.entry(p).or_default().push(m);
+        }
+        profiles
+            .into_iter()
+            .map(|(profile, ms)| {
+                let used = ms.iter().filter(|m| uses.contains_key(m)).count() as u64;
+                let free = self.free_partitions(&ms, parents, uses);
+                MigPool {
+                    profile,
+                    capacity: used + free,
+                    used,
+                }
+            })
+            .collect()
+    }
+
+    /// How many of the partitions `ms` (one profile) can still be allocated, taking them
+    /// first fit, in order, from a copy of the counters left.
+    fn free_partitions(
+        &self,
+        ms: &[usize],
+        parents: &HashMap<usize, Option<usize>>,
+        uses: &HashMap<usize, Vec<Use>>,
+    ) -> u64 {
+        let mut left = self.remaining.clone();
+        let mut free = 0u64;
+        for &m in ms {
+            let d = &self.devs[m];
+            if uses.contains_key(&m) || d.tainted || d.bad.is_some() {
+                continue;
+            }
+            // Without counters, a partition is free only while its parent is unused.
+            if let Some(Some(p)) = parents.get(&m)
+                && d.consumes.is_empty()
+                && uses.contains_key(p)
+            {
+                continue;
+            }
+            let fits = d.consumes.iter().all(|(set, cs)| {
+                let key = (d.driver.clone(), d.pool.clone(), set.clone());
+                cs.iter().all(|(k, v)| {
+                    left.get(&key)
+                        .and_then(|s| s.get(k))
+                        .is_some_and(|have| have >= v)
+                })
+            });
+            if !fits {
+                continue;
+            }
+            for (set, cs) in &d.consumes {
+                let key = (d.driver.clone(), d.pool.clone(), set.clone());
+                if let Some(s) = left.get_mut(&key) {
+                    for (k, v) in cs {
+                        if let Some(x) = s.get_mut(k) {
+                            *x = x.saturating_sub(*v);
+                        }
+                    }
+                }
+            }
+            free += 1;
+        }
+        free
     }
 
     /// The milli of GPU `g` its allocated MIG partitions take: per family of counters of

@@ -54,10 +54,45 @@ fn too_large(key: &'static str, q: &str) -> FormatError {
 /// decimals and the `e<n>` exponent form are accepted (no `k`, `Mi`, `m`, `u`...).
 pub(crate) fn parse_milli(key: &'static str, q: &str, allow_si: bool) -> Result<u128, FormatError> {
     let t = checked_record(key, q)?;
-    let malformed = |why: &str| FormatError::Malformed {
+    let (int_part, frac_part, suffix) = split_quantity(key, t)?;
+
+    // Power of ten and power of two the digits are multiplied by, counting in thousandths.
+    let (mut pow10, pow2) = suffix_scale(suffix, allow_si).map_err(|why| malformed(key, t, why))?;
+    pow10 += 3;
+
+    // Common case, whole numbers (`8`, `500m`, `64Gi`): exact in a u128 without the
+    // general path (≤ 15 digits × 10^21, or × 10^3 × 2^60, stays below 2^128).
+    if frac_part.is_empty()
+        && int_part.len() <= 15
+        && pow10 >= 0
+        && ((pow2 == 0 && pow10 <= 21) || pow10 <= 3)
+    {
+        let int = int_part
+            .bytes()
+            .fold(0u128, |acc, b| acc * 10 + u128::from(b - b'0'));
+        return Ok((int * 10u128.pow(pow10 as u32)) << pow2);
+    }
+
+    let Some((mantissa, pow10)) = significant(key, t, int_part, frac_part, pow10)? else {
+        return Ok(0);
+    };
+    scale_up(key, t, mantissa, pow10, pow2)
+}
+
+/// A malformed-quantity error: `why`, then the (shortened) record `t`.
+fn malformed(key: &'static str, t: &str, why: &str) -> FormatError {
+    FormatError::Malformed {
         key,
         detail: format!("{why}: {}", snippet(t)),
-    };
+    }
+}
+
+/// Splits a checked record into integer digits, fraction digits and suffix; refuses a
+/// negative sign, a second decimal point and a record without digits.
+fn split_quantity<'t>(
+    key: &'static str,
+    t: &'t str,
+) -> Result<(&'t str, &'t str, &'t str), FormatError> {
     let unsigned = match t.as_bytes()[0] {
         b'+' => &t[1..],
         b'-' => {
@@ -79,14 +114,18 @@ pub(crate) fn parse_milli(key: &'static str, q: &str, allow_si: bool) -> Result<
         None => (number, ""),
     };
     if frac_part.contains('.') {
-        return Err(malformed("more than one decimal point"));
+        return Err(malformed(key, t, "more than one decimal point"));
     }
     if int_part.is_empty() && frac_part.is_empty() {
-        return Err(malformed("not a quantity"));
+        return Err(malformed(key, t, "not a quantity"));
     }
+    Ok((int_part, frac_part, suffix))
+}
 
-    // Power of ten and power of two the digits are multiplied by, counting in thousandths.
-    let (mut pow10, pow2): (i64, u32) = match suffix {
+/// The power of ten and power of two a suffix multiplies the number by (SI suffixes only
+/// with `allow_si`), or why the suffix is refused.
+fn suffix_scale(suffix: &str, allow_si: bool) -> Result<(i64, u32), &'static str> {
+    Ok(match suffix {
         "" => (0, 0),
         "n" if allow_si => (-9, 0),
         "u" if allow_si => (-6, 0),
@@ -103,27 +142,23 @@ pub(crate) fn parse_milli(key: &'static str, q: &str, allow_si: bool) -> Result<
         "Ti" if allow_si => (0, 40),
         "Pi" if allow_si => (0, 50),
         "Ei" if allow_si => (0, 60),
-        s if s.len() > 1 && (s.starts_with('e') || s.starts_with('E')) => (
-            parse_exponent(&s[1..]).ok_or_else(|| malformed("bad exponent"))?,
-            0,
-        ),
-        _ => return Err(malformed("unknown suffix")),
-    };
-    pow10 += 3;
+        s if s.len() > 1 && (s.starts_with('e') || s.starts_with('E')) => {
+            (parse_exponent(&s[1..]).ok_or("bad exponent")?, 0)
+        }
+        _ => return Err("unknown suffix"),
+    })
+}
 
-    // Common case, whole numbers (`8`, `500m`, `64Gi`): exact in a u128 without the
-    // general path (≤ 15 digits × 10^21, or × 10^3 × 2^60, stays below 2^128).
-    if frac_part.is_empty()
-        && int_part.len() <= 15
-        && pow10 >= 0
-        && ((pow2 == 0 && pow10 <= 21) || pow10 <= 3)
-    {
-        let int = int_part
-            .bytes()
-            .fold(0u128, |acc, b| acc * 10 + u128::from(b - b'0'));
-        return Ok((int * 10u128.pow(pow10 as u32)) << pow2);
-    }
-
+/// The number's significant digits as a mantissa, with the power of ten (`pow10`, for
+/// the digits as written) adjusted to it; `None` when the number is zero. Refuses more
+/// than [`MAX_SIGNIFICANT_DIGITS`] significant digits.
+fn significant(
+    key: &'static str,
+    t: &str,
+    int_part: &str,
+    frac_part: &str,
+    mut pow10: i64,
+) -> Result<Option<(u128, i64)>, FormatError> {
     // Significant digits: drop leading zeros, fold trailing zeros into the exponent.
     let digits = int_part.bytes().chain(frac_part.bytes());
     pow10 -= frac_part.len() as i64;
@@ -133,7 +168,7 @@ pub(crate) fn parse_milli(key: &'static str, q: &str, allow_si: bool) -> Result<
         pow10 += 1;
     }
     if sig.is_empty() {
-        return Ok(0);
+        return Ok(None);
     }
     if sig.len() > MAX_SIGNIFICANT_DIGITS {
         return Err(FormatError::OutOfRange {
@@ -148,7 +183,18 @@ pub(crate) fn parse_milli(key: &'static str, q: &str, allow_si: bool) -> Result<
     let mantissa = sig
         .iter()
         .fold(0u128, |acc, &b| acc * 10 + u128::from(b - b'0'));
+    Ok(Some((mantissa, pow10)))
+}
 
+/// `mantissa × 2^pow2 × 10^pow10`, exactly, rounded up to an integer; an error when it
+/// does not fit a `u128`.
+fn scale_up(
+    key: &'static str,
+    t: &str,
+    mantissa: u128,
+    pow10: i64,
+    pow2: u32,
+) -> Result<u128, FormatError> {
     let mut n = U256::from_u128(mantissa);
     // mantissa < 10^38 < 2^127, so a shift of at most 60 bits stays below 2^187.
     n.mul_small(1u64 << pow2);

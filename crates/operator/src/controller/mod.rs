@@ -146,72 +146,11 @@ pub async fn run(
     let (pods, pods_w) = reflector::store::<CachedPod>();
     let (pdbs, pdbs_w) = reflector::store::<PodDisruptionBudget>();
     let (tx, rx) = tokio::sync::mpsc::channel::<()>(1);
-    let cfg = watcher::Config::default().any_semantic();
-    let node_stream = watcher(Api::<Node>::all(client.clone()), cfg.clone())
-        .modify(trim_node)
-        .default_backoff()
-        .reflect(nodes_w)
-        .touched_objects();
-    // The cache holds each pod's projection (`CachedPod`), not the object.
-    let pod_stream = reflector::reflector(
-        pods_w,
-        watcher(Api::<Pod>::all(client.clone()), cfg.clone())
-            .map_ok(cached_pod_event)
-            .default_backoff(),
-    )
-    .touched_objects();
-    let pdb_stream = watcher(Api::<PodDisruptionBudget>::all(client.clone()), cfg.clone())
-        .default_backoff()
-        .reflect(pdbs_w)
-        .touched_objects();
-    for s in [
-        node_stream.map(|_| ()).boxed(),
-        pod_stream.map(|_| ()).boxed(),
-        pdb_stream.map(|_| ()).boxed(),
-    ] {
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            let mut s = s;
-            while s.next().await.is_some() {
-                // Coalesce: one pending trigger is enough.
-                let _ = tx.try_send(());
-            }
-        });
-    }
-    let devices = {
-        let tx = tx.clone();
-        Devices::start(client.clone(), move || {
-            let _ = tx.try_send(());
-        })
-        .await
-    };
-    let owners = {
-        let tx = tx.clone();
-        Owners::start(client.clone(), move || {
-            let _ = tx.try_send(());
-        })
-        .await
-    };
-    let dra = {
-        let tx = tx.clone();
-        DraObjects::start(client.clone(), move || {
-            let _ = tx.try_send(());
-        })
-        .await
-    };
-    let trigger = tokio_stream_from(rx);
-    let mut pcfg = watcher::Config::default().any_semantic();
-    if !opts.policy_selector.is_empty() {
-        pcfg = pcfg.labels(&opts.policy_selector);
-    }
-    let controller = Controller::new(policies, pcfg)
-        // A short debounce only merges a policy's own bursts: kube's debounce restarts on
-        // every new request, so with cluster changes more often than it lasts no reconcile
-        // would ever run. Cluster changes are throttled instead (`tokio_stream_from`).
-        .with_config(
-            kube::runtime::controller::Config::default().debounce(Duration::from_millis(100)),
-        )
-        .reconcile_all_on(trigger);
+    spawn_core_watches(&client, nodes_w, pods_w, pdbs_w, &tx);
+    let devices = Devices::start(client.clone(), poke(&tx)).await;
+    let owners = Owners::start(client.clone(), poke(&tx)).await;
+    let dra = DraObjects::start(client.clone(), poke(&tx)).await;
+    let controller = policy_controller(policies, &opts.policy_selector, tokio_stream_from(rx));
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         nodes: nodes.clone(),
@@ -258,21 +197,10 @@ pub async fn run(
         }));
     }
     // Series of deleted policies are dropped from /metrics.
-    {
-        let (store, metrics) = (ctx.policies.clone(), ctx.metrics.clone());
-        tokio::spawn(async move {
-            let mut known: std::collections::BTreeSet<String> = Default::default();
-            loop {
-                tokio::time::sleep(Duration::from_secs(30)).await;
-                let now: std::collections::BTreeSet<String> =
-                    store.state().iter().map(|p| p.name_any()).collect();
-                for gone in known.difference(&now) {
-                    metrics.forget_policy(gone);
-                }
-                known = now;
-            }
-        });
-    }
+    tokio::spawn(forget_deleted_policies(
+        ctx.policies.clone(),
+        ctx.metrics.clone(),
+    ));
     // Fences of policies that no longer exist are removed (at start, then periodically).
     tokio::spawn(sweep_orphan_fences(ctx.clone()));
     // Ready once the caches are filled.
@@ -302,6 +230,93 @@ pub async fn run(
     // Nothing stays held by a process that stops.
     ctx.landing.shutdown(&ctx.pods, &ctx.leader).await;
     Ok(())
+}
+
+/// Watches nodes, pods and PodDisruptionBudgets into their caches (`*_w`), and pokes
+/// `tx` at every change.
+fn spawn_core_watches(
+    client: &Client,
+    nodes_w: reflector::store::Writer<Node>,
+    pods_w: reflector::store::Writer<CachedPod>,
+    pdbs_w: reflector::store::Writer<PodDisruptionBudget>,
+    tx: &tokio::sync::mpsc::Sender<()>,
+) {
+    let cfg = watcher::Config::default().any_semantic();
+    let node_stream = watcher(Api::<Node>::all(client.clone()), cfg.clone())
+        .modify(trim_node)
+        .default_backoff()
+        .reflect(nodes_w)
+        .touched_objects();
+    // The cache holds each pod's projection (`CachedPod`), not the object.
+    let pod_stream = reflector::reflector(
+        pods_w,
+        watcher(Api::<Pod>::all(client.clone()), cfg.clone())
+            .map_ok(cached_pod_event)
+            .default_backoff(),
+    )
+    .touched_objects();
+    let pdb_stream = watcher(Api::<PodDisruptionBudget>::all(client.clone()), cfg.clone())
+        .default_backoff()
+        .reflect(pdbs_w)
+        .touched_objects();
+    for s in [
+        node_stream.map(|_| ()).boxed(),
+        pod_stream.map(|_| ()).boxed(),
+        pdb_stream.map(|_| ()).boxed(),
+    ] {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let mut s = s;
+            while s.next().await.is_some() {
+                // Coalesce: one pending trigger is enough.
+                let _ = tx.try_send(());
+            }
+        });
+    }
+}
+
+/// A change callback that pokes `tx` (a trigger already pending is enough).
+fn poke(tx: &tokio::sync::mpsc::Sender<()>) -> impl Fn() + Clone + Send + Sync + 'static {
+    let tx = tx.clone();
+    move || {
+        let _ = tx.try_send(());
+    }
+}
+
+/// The DefragPolicy controller: the policies `selector` picks (all when empty),
+/// every one reconciled again at each cluster change `trigger` yields.
+fn policy_controller(
+    policies: Api<DefragPolicy>,
+    selector: &str,
+    trigger: impl futures::Stream<Item = ()> + Send + 'static,
+) -> Controller<DefragPolicy> {
+    let mut pcfg = watcher::Config::default().any_semantic();
+    if !selector.is_empty() {
+        pcfg = pcfg.labels(selector);
+    }
+    Controller::new(policies, pcfg)
+        // A short debounce only merges a policy's own bursts: kube's debounce restarts on
+        // every new request, so with cluster changes more often than it lasts no reconcile
+        // would ever run. Cluster changes are throttled instead (`tokio_stream_from`).
+        .with_config(
+            kube::runtime::controller::Config::default().debounce(Duration::from_millis(100)),
+        )
+        .reconcile_all_on(trigger)
+}
+
+/// Every 30 s, drops the metric series of the policies gone from `store` since the last
+/// look.
+async fn forget_deleted_policies(store: reflector::Store<DefragPolicy>, metrics: Metrics) {
+    let mut known: std::collections::BTreeSet<String> = Default::default();
+    loop {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let now: std::collections::BTreeSet<String> =
+            store.state().iter().map(|p| p.name_any()).collect();
+        for gone in known.difference(&now) {
+            metrics.forget_policy(gone);
+        }
+        known = now;
+    }
 }
 
 /// Removes the fences of policies that no longer exist, once the caches are full and this
