@@ -62,7 +62,7 @@ if [[ $HAVE_TRACE == 1 ]]; then
   EXACT_WALL=$((SECONDS - EXACT_T0))
 fi
 
-# Churn replay over days (crates/sim/src/replay.rs): every planner on the same arrivals.
+# Churn replay over days (crates/sim/src/replay.rs, crates/sim/src/replay/): every planner on the same arrivals.
 REPLAY_SEEDS=${REPLAY_SEEDS:-11,12,13,14,15}
 REPLAY_WORKLOADS=${REPLAY_WORKLOADS:-default,multigpu30}
 REPLAY_PLOT=docs/replay.png
@@ -400,7 +400,7 @@ Read with the figures above (they are regenerated; this section is not).
   Units are ranked by the source's drop per eviction, plus a small bonus for emptying a
   whole node; ranking with the receivers' change as well (weights 0.1–1) measured lower
   on every workload (see `State::eval` and `WHOLE_NODE_BONUS` in
-  crates/core/src/plan.rs for the sweeps).
+  crates/core/src/plan/state.rs for the sweeps).
 - **Whole 8-GPU nodes**: the derived target shapes (95% coverage of the pods) contain no
   8-GPU shape on any workload of the matrix (8-GPU pods are a few percent of bound pods
   at most), so the metric values a free 8-GPU node no more than eight free GPUs anywhere.
@@ -468,7 +468,7 @@ search of the core's demand planner per pod served) are most of it.
 EOF
     cat <<'REPLAY'
 
-How a replay runs (crates/sim/src/replay.rs):
+How a replay runs (crates/sim/src/replay.rs and crates/sim/src/replay/):
 - **Cluster**: the trace's 1,213 GPU nodes (6,212 GPUs, 1–8 per node, six models).
 - **Arrivals**: pods drawn uniformly (seeded) from the workload's GPU pod list, Poisson
   at the rate that offers 90% of GPU capacity on average; each lifetime is drawn from
@@ -490,7 +490,10 @@ How a replay runs (crates/sim/src/replay.rs):
   queue is served. gpu-defrag runs with the default policy and the budget as
   `maxEvictionsPerRun` (the per-namespace limit lifted to it, the trace having one
   namespace; `evictSingleReplicas`, each trace task being its own workload), and its
-  run follows the executor's protocol over simulated time: its fences (drained nodes,
+  run is the operator's own run over simulated time (the state machine
+  `gpu_defrag_core::run::RunState` that the executor performs; the replay supplies what the
+  executor would observe: a replacement is Ready once bound `--ready-seconds`, the plan's
+  pod still on its node is its re-check verdict): its fences (drained nodes,
   single GPUs where the node can fence them) hold from the start of the run to its end,
   for every pod the scheduler places meanwhile; one eviction at a time
   (`maxInFlight: 1`), the next once the replacement is Ready, 30 s after it is bound

@@ -12,10 +12,12 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
-use super::{
-    Activity, History, Placement, Plan, Prepared, State, Unit, UnitKind, batch_of, fenced_nodes_of,
-    move_of, prepare, settling_nodes,
-};
+use super::batches::{batch_of, fenced_nodes_of, move_of};
+use super::prepared::{Prepared, prepare};
+use super::readiness::settling_nodes;
+use super::state::{Placement, State};
+use super::unit::Unit;
+use super::{History, Plan, UnitKind};
 use crate::frag::{self, Capacity};
 use crate::model::*;
 use crate::policy::Policy;
