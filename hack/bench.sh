@@ -547,6 +547,20 @@ How a replay runs (crates/sim/src/replay.rs and crates/sim/src/replay/):
   (– : no pod of the class); pods queued at the end; evictions; mean disruption
   (eviction → replacement running).
 
+**The run is the operator's.** Since the replay drives the operator's own run
+(`gpu_defrag_core::run`) instead of a copy of its stop rules, and its demand rows take
+`demand.minWait`, `maxEvictions`, `maxEvictionsPerHour` and the groups per look from the
+core, its figures were compared with the replay before that change: `gpu-defrag-sim replay
+--workload default,multigpu30 --seed 11,12` and `--workload default --seed 13 --services
+0.3` (14 days, load 0.9, `--planners
+none,gpu-defrag,gpu-defrag-unguarded,gpu-defrag-8gpu,gpu-defrag-demand,gpu-defrag-demand-only`):
+every field of every row identical to the digit (CPU seconds aside). Two rules of the
+operator the copy did not have never changed a figure there: a run whose window ends with a
+replacement in flight keeps its fences until that replacement is Ready (the copy lifted
+them at once), and a replacement bound but not yet Ready counts against
+`rescheduleTimeout` (the copy stopped counting at binding). The demand rows still evict at
+once, where the operator paces them through the run: a gap of the replay still open.
+
 ![Allocation ratio and 8-GPU queue over 14 days, every planner](replay.png)
 
 The picture (`--plot docs/replay.png`: the first workload and seed of the command,
