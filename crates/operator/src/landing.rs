@@ -27,7 +27,7 @@ use std::time::Duration;
 use chrono::Utc;
 use gpu_defrag_api::v1alpha1::DefragPolicy;
 use gpu_defrag_core::compact::LANDING_GATE;
-use gpu_defrag_core::landing::{Held, held_pod};
+use gpu_defrag_core::landing::{Held, Released, held_pod};
 use gpu_defrag_core::policy::parse_duration;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::Client;
@@ -37,7 +37,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use crate::lease::LeaderState;
-use crate::metrics::Metrics;
+use crate::metrics::{LandingAction, Metrics};
 use crate::objects::CachedPod;
 
 /// Label on the pods the admission policy gates: the name of the ConfigMap that listed
@@ -310,19 +310,23 @@ impl Landing {
                 Held::Nominate(node) => {
                     let nominated = self.nominate(&p, &node).await;
                     metrics.landing_action(if nominated {
-                        "nominated"
+                        LandingAction::Nominated
                     } else {
-                        "nominate_failed"
+                        LandingAction::NominateFailed
                     });
                     self.release(&p).await
                 }
                 Held::Release(why) => {
-                    metrics.landing_action(why.as_str());
+                    metrics.landing_action(match why {
+                        Released::Swept => LandingAction::Swept,
+                        Released::TimedOut => LandingAction::TimedOut,
+                        Released::Unexpected => LandingAction::Released,
+                    });
                     self.release(&p).await
                 }
             };
             if !done {
-                metrics.landing_action("release_failed");
+                metrics.landing_action(LandingAction::ReleaseFailed);
                 if age >= hold {
                     stuck += 1;
                 }
@@ -367,9 +371,9 @@ impl Landing {
             .set_nominated(namespace, name, node, "pending pod")
             .await;
         match done {
-            Nomination::Set => metrics.landing_action("pending_nominated"),
+            Nomination::Set => metrics.landing_action(LandingAction::PendingNominated),
             Nomination::Bound => {}
-            Nomination::Failed => metrics.landing_action("nominate_failed"),
+            Nomination::Failed => metrics.landing_action(LandingAction::NominateFailed),
         }
         done == Nomination::Set
     }

@@ -31,17 +31,78 @@ use prometheus_client::registry::{Registry, Unit};
 
 use gpu_defrag_core::model::{Milli, Node};
 
-/// The `result` values of `gpu_defrag_evictions_total`: the executor's outcomes, then the
-/// server-side dry-run checks of planned evictions. Each policy exports all of them from its
-/// first reconcile on (at 0), so `increase()` sees the first event too.
-pub const EVICTION_RESULTS: [&str; 6] = [
-    "done",
-    "blocked",
-    "bounced",
-    "failed",
-    "dry_run_allowed",
-    "dry_run_blocked",
-];
+/// Defines a label vocabulary: an enum with `as_str()` (the label value) and `ALL`.
+macro_rules! label_enum {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident = $value:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant),+
+        }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The label value.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $value),+
+                }
+            }
+        }
+    };
+}
+
+label_enum! {
+    /// The `result` values of `gpu_defrag_evictions_total`: the executor's outcomes, then
+    /// the server-side dry-run checks of planned evictions. Each policy exports all of them
+    /// from its first reconcile on (at 0), so `increase()` sees the first event too.
+    Eviction {
+        /// Accepted by the API server.
+        Done = "done",
+        /// Refused with 429 (a PodDisruptionBudget).
+        Blocked = "blocked",
+        /// The replacement landed on one of the run's fences.
+        Bounced = "bounced",
+        /// Refused otherwise, unanswered, or never taken effect.
+        Failed = "failed",
+        /// A dry-run eviction the API server would allow.
+        DryRunAllowed = "dry_run_allowed",
+        /// A dry-run eviction the API server would refuse.
+        DryRunBlocked = "dry_run_blocked",
+    }
+}
+
+label_enum! {
+    /// The `result` values of `gpu_defrag_landings_total`.
+    Landed {
+        /// On the node its move planned.
+        Planned = "planned",
+        /// On another node.
+        Elsewhere = "elsewhere",
+    }
+}
+
+label_enum! {
+    /// The `action` values of `gpu_defrag_landing_actions_total`.
+    LandingAction {
+        /// A held replacement nominated onto its planned node and released.
+        Nominated = "nominated",
+        /// A nomination that could not be written.
+        NominateFailed = "nominate_failed",
+        /// A pending pod nominated onto the room a run made for it.
+        PendingNominated = "pending_nominated",
+        /// Released by the first pass after start.
+        Swept = "swept",
+        /// Released after the hold timeout.
+        TimedOut = "timed_out",
+        /// Released without a nomination (not expected by the leader).
+        Released = "released",
+        /// A release that could not be written.
+        ReleaseFailed = "release_failed",
+    }
+}
 
 /// The fragmentation numbers of one policy's report, as exported.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -446,7 +507,7 @@ impl Metrics {
         m.pending_unplaceable
             .get_or_create(&l)
             .set(to_i64(r.pending_unplaceable));
-        for result in EVICTION_RESULTS {
+        for result in Eviction::ALL.iter().map(|e| e.as_str()) {
             self.remember(policy_name, |s| &mut s.evictions, result);
             drop(m.evictions.get_or_create(&ResultLabels {
                 policy: policy_name.to_string(),
@@ -475,7 +536,8 @@ impl Metrics {
     }
 
     /// Counts where a replacement landed: `planned` or `elsewhere`.
-    pub fn landing(&self, policy_name: &str, result: &str) {
+    pub fn landing(&self, policy_name: &str, landed: Landed) {
+        let result = landed.as_str();
         self.remember(policy_name, |s| &mut s.landings, result);
         self.0
             .landings
@@ -487,7 +549,8 @@ impl Metrics {
     }
 
     /// Counts one landing-control action on a held pod (`kind`: a fixed word).
-    pub fn landing_action(&self, kind: &str) {
+    pub fn landing_action(&self, action: LandingAction) {
+        let kind = action.as_str();
         self.0
             .landing_actions
             .get_or_create(&KindLabel {
@@ -616,7 +679,8 @@ impl Metrics {
 
     /// Counts one eviction attempt; `result` is one of `done`, `blocked`, `bounced`, `failed`,
     /// `dry_run_allowed`, `dry_run_blocked`.
-    pub fn eviction(&self, policy_name: &str, result: &str) {
+    pub fn eviction(&self, policy_name: &str, result: Eviction) {
+        let result = result.as_str();
         self.remember(policy_name, |s| &mut s.evictions, result);
         self.0
             .evictions
@@ -875,9 +939,9 @@ mod tests {
             7,
             &BTreeMap::from([("pdb".to_string(), 3), ("bare-pod".to_string(), 1)]),
         );
-        m.eviction("nightly", "done");
-        m.eviction("nightly", "done");
-        m.eviction("nightly", "blocked");
+        m.eviction("nightly", Eviction::Done);
+        m.eviction("nightly", Eviction::Done);
+        m.eviction("nightly", Eviction::Blocked);
         m.run_finished("nightly", "done", 42.0);
         m.reconcile_error("nightly", "kube");
         m.observe_reconcile(0.02);
@@ -973,7 +1037,7 @@ mod tests {
     fn clones_share_series_across_threads() {
         let m = Metrics::new();
         let c = m.clone();
-        std::thread::spawn(move || c.eviction("p", "failed"))
+        std::thread::spawn(move || c.eviction("p", Eviction::Failed))
             .join()
             .unwrap();
         assert!(
@@ -999,7 +1063,7 @@ mod tests {
         let m = Metrics::new();
         m.set_report("p", &ReportNumbers::default());
         let text = m.encode();
-        for result in EVICTION_RESULTS {
+        for result in Eviction::ALL.iter().map(|e| e.as_str()) {
             let want = format!("gpu_defrag_evictions_total{{policy=\"p\",result=\"{result}\"}} 0");
             assert!(text.contains(&want), "missing {want:?} in\n{text}");
         }
@@ -1130,7 +1194,7 @@ mod tests {
             &BTreeMap::from([("1g.10gb".to_string(), (1, 1))]),
         );
         m.set_gpu_use([("a", 0, 1000)]);
-        m.eviction("nightly", "done");
+        m.eviction("nightly", Eviction::Done);
         m.run_finished("nightly", "Succeeded", 3.0);
         m.set_leader(true);
         m.set_leader(false);
@@ -1199,7 +1263,7 @@ mod monitoring {
         m.set_mig("p", &BTreeMap::from([("1g.10gb".to_string(), (1, 6))]));
         m.set_window("p", true);
         m.set_gpu_use([("node-a", 0, 1000)]);
-        m.eviction("p", "done");
+        m.eviction("p", Eviction::Done);
         m.run_finished("p", "Succeeded", 10.0);
         m.reconcile_error("p", "ApiError");
         m.observe_reconcile(0.01);

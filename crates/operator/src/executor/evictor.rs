@@ -10,7 +10,7 @@ use kube::runtime::events::EventType;
 use kube::{Client, Resource, ResourceExt};
 
 use crate::context::{Ctx, EventReason, Events};
-use crate::metrics::Metrics;
+use crate::metrics::{Eviction, Metrics};
 use crate::status;
 
 pub use super::outcome::EvictionResult;
@@ -178,10 +178,10 @@ impl Evictor {
             }
         }
         for _ in 0..out.allowed {
-            self.metrics.eviction(&self.policy, "dry_run_allowed");
+            self.metrics.eviction(&self.policy, Eviction::DryRunAllowed);
         }
         for _ in 0..out.blocked {
-            self.metrics.eviction(&self.policy, "dry_run_blocked");
+            self.metrics.eviction(&self.policy, Eviction::DryRunBlocked);
         }
         out
     }

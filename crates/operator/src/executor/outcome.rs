@@ -4,6 +4,7 @@ use gpu_defrag_api::v1alpha1::{InFlightEviction, RunRecord};
 use gpu_defrag_api::values::RunResult;
 use gpu_defrag_core::plan::Move;
 
+use crate::metrics::Eviction;
 use crate::status::MAX_LAST_RUNS;
 
 pub use gpu_defrag_core::run::Stop;
@@ -35,12 +36,12 @@ impl EvictionResult {
     }
 
     /// The `result` label of `gpu_defrag_evictions_total` (none for a pod already gone).
-    pub fn metric(&self) -> Option<&'static str> {
+    pub fn metric(&self) -> Option<Eviction> {
         match self {
-            EvictionResult::Evicted => Some("done"),
-            EvictionResult::Blocked(_) => Some("blocked"),
+            EvictionResult::Evicted => Some(Eviction::Done),
+            EvictionResult::Blocked(_) => Some(Eviction::Blocked),
             EvictionResult::Gone => None,
-            EvictionResult::Refused(_) | EvictionResult::Unanswered(_) => Some("failed"),
+            EvictionResult::Refused(_) | EvictionResult::Unanswered(_) => Some(Eviction::Failed),
         }
     }
 }

@@ -19,7 +19,7 @@ use gpu_defrag_core::run::{Ended, InFlight};
 use super::fences::Fences;
 use super::outcome;
 use crate::dra::DraSnapshot;
-use crate::metrics::Metrics;
+use crate::metrics::{Eviction, Landed, Metrics};
 use crate::objects::CachedPod;
 
 /// How often waits poll the caches.
@@ -208,7 +208,7 @@ impl Looker<'_> {
             let node = still.node_name.as_deref().unwrap_or_default();
             warn!(pod = %w.pod, node = %node, "an eviction the last process recorded as in flight never took effect: the pod is still there, not terminating");
             outcome::not_evicted(rec, &w.pod, &d.evicted_uid, node);
-            self.metrics.eviction(self.policy, "failed");
+            self.metrics.eviction(self.policy, Eviction::Failed);
             return Some(Ended::NotEvicted);
         }
         let replacement = d.replaced(w.resumed, &candidates)?;
@@ -225,8 +225,14 @@ impl Looker<'_> {
                 rec.landed_elsewhere += 1;
                 warn!(pod = %w.pod, node = %node, planned = %d.to_node, "replacement landed elsewhere than planned");
             }
-            self.metrics
-                .landing(self.policy, if planned { "planned" } else { "elsewhere" });
+            self.metrics.landing(
+                self.policy,
+                if planned {
+                    Landed::Planned
+                } else {
+                    Landed::Elsewhere
+                },
+            );
         }
         let Some(on_gpu) = self
             .fences
@@ -235,7 +241,7 @@ impl Looker<'_> {
             return Some(Ended::Replaced { bounced: false });
         };
         rec.bounced += 1;
-        self.metrics.eviction(self.policy, "bounced");
+        self.metrics.eviction(self.policy, Eviction::Bounced);
         match on_gpu {
             Some(gpu) => {
                 warn!(pod = %w.pod, node = %node, gpu = %gpu, "replacement landed on a fenced GPU (does the scheduler read hami.io/device-cordon?)")
