@@ -30,7 +30,7 @@ pub const SERVED: &str = gpu_defrag_core::run::Fate::Served.as_str();
 /// Pods one record names at most (a larger gang is shown by its first ones).
 pub const MAX_SERVED: usize = 4;
 /// Largest gang a demand run serves (its record lists every member).
-pub const MAX_GANG: usize = 16;
+pub use gpu_defrag_core::plan::demand::MAX_GANG;
 /// Longest message of a record, bytes.
 pub const MAX_MESSAGE: usize = 512;
 /// A demand run outside the windows stops sending evictions after this long.

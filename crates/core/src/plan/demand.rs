@@ -40,6 +40,9 @@ pub const DEFAULT_DEMAND_EVICTIONS: u32 = 16;
 /// one planned runs.
 pub const GROUPS_PER_LOOK: usize = 3;
 
+/// Largest gang a demand run serves (its run record lists every member).
+pub const MAX_GANG: usize = 16;
+
 impl Default for DemandLimits {
     fn default() -> Self {
         DemandLimits {

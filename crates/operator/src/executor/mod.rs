@@ -511,6 +511,10 @@ impl Run {
     /// Judges a step at its turn ([`run::Step::Check`]): the GPU pods pending since the run
     /// started, and the pod judged again on a fresh model of the cluster (the same pod, on
     /// the same node, still movable, its workload's live availability, room on its target).
+    /// The model is built for each eviction, not once per poll, on purpose: several
+    /// evictions of one poll (`maxInFlight` above 1) must each see the ones before them
+    /// (their pods terminating, their PodDisruptionBudgets spent); a model from before
+    /// would judge on a guess.
     fn check(&mut self, i: usize, step: &Step) -> Option<run::Step> {
         let since = crate::objects::parse_ts(&self.rec.started_at).unwrap_or_else(Utc::now);
         let pending = waits::pending_gpu_pods(
