@@ -336,7 +336,7 @@ code before the last step measured 2.14 s and after it 2.01 s): a pod's node is 
 through a name index (a hash look-up: a binary search compared the long common
 prefixes of node names 14 times per pod; the model 1.31 → 1.15 s in alternating runs),
 the replicas of a workload share one label map in the model (`LabelSets` in
-ingest.rs; a copy per pod was the model's largest allocation), a container's requests
+ingest/pod.rs; a copy per pod was the model's largest allocation), a container's requests
 and limits are merged in one pass (both maps are in name order; they were sorted per
 container), each quantity is parsed once (CPU and memory with the validity check), the
 kept annotations are found by walking the pod's few, the common scheduler names are not
