@@ -256,9 +256,9 @@ struct Caches {
     projection: std::time::Duration,
 }
 
+/// Generates every object, straight into the stores as the watches would fill them.
 fn generate(a: &Args) -> Caches {
     let mut rng = StdRng::seed_from_u64(a.seed);
-    let g = a.gpus_per_node as usize;
     let shared: Vec<bool> = (0..a.nodes)
         .map(|i| (i as f64) < a.shared_nodes * a.nodes as f64)
         .collect();
@@ -274,74 +274,20 @@ fn generate(a: &Args) -> Caches {
             .parse()
             .expect("valid"),
     );
-    let mut free: Vec<[u16; 8]> = vec![[1000; 8]; a.nodes];
-    let mut cpu_free: Vec<u32> = vec![128_000; a.nodes];
-    let mut slots: Vec<u8> = vec![110; a.nodes];
+    let mut c = Counters {
+        free: vec![[1000; 8]; a.nodes],
+        cpu_free: vec![128_000; a.nodes],
+        slots: vec![110; a.nodes],
+        shared,
+    };
     let (pods, mut pods_w) = reflector::store::<CachedPod>();
     let mut pending = 0;
     let mut projection = std::time::Duration::ZERO;
-    let probe = |rng: &mut StdRng, fits: &dyn Fn(usize) -> bool| {
-        (0..64)
-            .map(|_| rng.random_range(0..a.nodes))
-            .find(|&n| fits(n))
-    };
     for k in 0..a.pods {
-        // The workload decides the pod's shape: its replicas are alike.
-        let mut wr = StdRng::seed_from_u64(a.seed ^ (k / REPLICAS) as u64);
-        let is_share = wr.random_bool(0.95);
-        let cpu: u32 = [2_000, 4_000, 8_000][wr.random_range(0..3)];
-        let mut req: BTreeMap<String, Quantity> = [
-            ("cpu".to_string(), q(format!("{cpu}m"))),
-            ("memory".to_string(), q("16Gi")),
-        ]
-        .into();
-        let mut ann = BTreeMap::new();
-        let node = if is_share {
-            let milli: u16 = [100, 200, 250, 300, 500][wr.random_range(0..5)];
-            let mem = GPU_MEM_MIB * u64::from(milli) / 1000;
-            req.insert(NVIDIA_GPU.into(), q("1"));
-            req.insert("nvidia.com/gpumem".into(), q(mem.to_string()));
-            let found = probe(&mut rng, &|n| {
-                shared[n]
-                    && slots[n] > 0
-                    && cpu_free[n] >= cpu
-                    && free[n][..g].iter().any(|f| *f >= milli)
-            });
-            found.inspect(|&n| {
-                let devs: Vec<usize> = (0..g).filter(|&d| free[n][d] >= milli).collect();
-                let d = devs[rng.random_range(0..devs.len())];
-                free[n][d] -= milli;
-                ann.insert(
-                    HAMI_POD_ALLOCATED.to_string(),
-                    format!("{},NVIDIA,{mem},0:;", uuid(n, d)),
-                );
-            })
-        } else {
-            let want: usize = [1, 1, 1, 1, 2, 2, 4][wr.random_range(0..7)];
-            req.insert(NVIDIA_GPU.into(), q(want.to_string()));
-            let found = probe(&mut rng, &|n| {
-                !shared[n]
-                    && slots[n] > 0
-                    && cpu_free[n] >= cpu
-                    && free[n][..g].iter().filter(|f| **f == 1000).count() >= want
-            });
-            found.inspect(|&n| {
-                let mut left = want;
-                for f in free[n][..g].iter_mut() {
-                    if left > 0 && *f == 1000 {
-                        *f = 0;
-                        left -= 1;
-                    }
-                }
-            })
-        };
-        if let Some(n) = node {
-            cpu_free[n] -= cpu;
-            slots[n] -= 1;
-        } else {
+        let (p, placed) = gen_pod(a, k, &mut rng, &mut c, &started);
+        if !placed {
             pending += 1;
         }
-        let p = pod_obj(k, node, req, ann, &started);
         let t = Instant::now();
         let p = CachedPod::of(&p);
         projection += t.elapsed();
@@ -359,7 +305,123 @@ fn generate(a: &Args) -> Caches {
         pending += 1;
     }
     let workloads = (a.pods + a.pending_8gpu).div_ceil(REPLICAS);
-    let replica_sets = (0..workloads)
+    let namespaces = (0..NAMESPACES)
+        .map(|i| ObjectMeta {
+            name: Some(format!("team-{i}")),
+            uid: Some(format!("ns-uid-{i}")),
+            ..Default::default()
+        })
+        .collect();
+    Caches {
+        nodes,
+        pods,
+        pdbs: pdb_store(workloads),
+        replica_sets: replica_sets(workloads),
+        namespaces,
+        pending,
+        projection,
+    }
+}
+
+/// Per-node counters of the spreading scheduler: which nodes share their GPUs (HAMi),
+/// free milli per GPU, free cpu milli, free pod slots.
+struct Counters {
+    shared: Vec<bool>,
+    free: Vec<[u16; 8]>,
+    cpu_free: Vec<u32>,
+    slots: Vec<u8>,
+}
+
+/// Up to 64 random nodes of `nodes`: the first that `fits`.
+fn probe(rng: &mut StdRng, nodes: usize, fits: impl Fn(usize) -> bool) -> Option<usize> {
+    (0..64)
+        .map(|_| rng.random_range(0..nodes))
+        .find(|&n| fits(n))
+}
+
+impl Counters {
+    /// A shared node with `cpu` and a GPU with `milli` free, and a random such GPU of
+    /// it (taken): (node, GPU).
+    fn place_share(
+        &mut self,
+        rng: &mut StdRng,
+        a: &Args,
+        cpu: u32,
+        milli: u16,
+    ) -> Option<(usize, usize)> {
+        let g = a.gpus_per_node as usize;
+        let n = probe(rng, a.nodes, |n| {
+            self.shared[n]
+                && self.slots[n] > 0
+                && self.cpu_free[n] >= cpu
+                && self.free[n][..g].iter().any(|f| *f >= milli)
+        })?;
+        let devs: Vec<usize> = (0..g).filter(|&d| self.free[n][d] >= milli).collect();
+        let d = devs[rng.random_range(0..devs.len())];
+        self.free[n][d] -= milli;
+        Some((n, d))
+    }
+
+    /// A whole-GPU node with `cpu` and `want` GPUs free (its first free ones taken).
+    fn place_whole(&mut self, rng: &mut StdRng, a: &Args, cpu: u32, want: usize) -> Option<usize> {
+        let g = a.gpus_per_node as usize;
+        let n = probe(rng, a.nodes, |n| {
+            !self.shared[n]
+                && self.slots[n] > 0
+                && self.cpu_free[n] >= cpu
+                && self.free[n][..g].iter().filter(|f| **f == 1000).count() >= want
+        })?;
+        let mut left = want;
+        for f in self.free[n][..g].iter_mut() {
+            if left > 0 && *f == 1000 {
+                *f = 0;
+                left -= 1;
+            }
+        }
+        Some(n)
+    }
+}
+
+/// Pod `k`: its workload's shape (a HAMi share or whole GPUs), placed by the spreading
+/// scheduler; whether it found a node (else it is Pending).
+fn gen_pod(a: &Args, k: usize, rng: &mut StdRng, c: &mut Counters, started: &Time) -> (Pod, bool) {
+    // The workload decides the pod's shape: its replicas are alike.
+    let mut wr = StdRng::seed_from_u64(a.seed ^ (k / REPLICAS) as u64);
+    let is_share = wr.random_bool(0.95);
+    let cpu: u32 = [2_000, 4_000, 8_000][wr.random_range(0..3)];
+    let mut req: BTreeMap<String, Quantity> = [
+        ("cpu".to_string(), q(format!("{cpu}m"))),
+        ("memory".to_string(), q("16Gi")),
+    ]
+    .into();
+    let mut ann = BTreeMap::new();
+    let node = if is_share {
+        let milli: u16 = [100, 200, 250, 300, 500][wr.random_range(0..5)];
+        let mem = GPU_MEM_MIB * u64::from(milli) / 1000;
+        req.insert(NVIDIA_GPU.into(), q("1"));
+        req.insert("nvidia.com/gpumem".into(), q(mem.to_string()));
+        c.place_share(rng, a, cpu, milli).map(|(n, d)| {
+            ann.insert(
+                HAMI_POD_ALLOCATED.to_string(),
+                format!("{},NVIDIA,{mem},0:;", uuid(n, d)),
+            );
+            n
+        })
+    } else {
+        let want: usize = [1, 1, 1, 1, 2, 2, 4][wr.random_range(0..7)];
+        req.insert(NVIDIA_GPU.into(), q(want.to_string()));
+        c.place_whole(rng, a, cpu, want)
+    };
+    if let Some(n) = node {
+        c.cpu_free[n] -= cpu;
+        c.slots[n] -= 1;
+    }
+    (pod_obj(k, node, req, ann, started), node.is_some())
+}
+
+/// The ReplicaSets' metadata: one per workload, owned by its Deployment.
+fn replica_sets(workloads: usize) -> Vec<ObjectMeta> {
+    (0..workloads)
         .map(|w| {
             let (ns, deploy) = workload(w);
             ObjectMeta {
@@ -377,14 +439,11 @@ fn generate(a: &Args) -> Caches {
                 ..Default::default()
             }
         })
-        .collect();
-    let namespaces = (0..NAMESPACES)
-        .map(|i| ObjectMeta {
-            name: Some(format!("team-{i}")),
-            uid: Some(format!("ns-uid-{i}")),
-            ..Default::default()
-        })
-        .collect();
+        .collect()
+}
+
+/// A PodDisruptionBudget (maxUnavailable 1, one disruption allowed) per tenth workload.
+fn pdb_store(workloads: usize) -> Store<PodDisruptionBudget> {
     let (pdbs, mut pdbs_w) = reflector::store::<PodDisruptionBudget>();
     for w in (0..workloads).step_by(10) {
         let (ns, deploy) = workload(w);
@@ -413,15 +472,7 @@ fn generate(a: &Args) -> Caches {
         };
         pdbs_w.apply_watcher_event(&watcher::Event::Apply(pdb));
     }
-    Caches {
-        nodes,
-        pods,
-        pdbs,
-        replica_sets,
-        namespaces,
-        pending,
-        projection,
-    }
+    pdbs
 }
 
 /// Nanoseconds this thread has run (Linux `/proc/thread-self/schedstat`).

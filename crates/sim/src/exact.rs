@@ -98,7 +98,7 @@ use rand::seq::SliceRandom;
 use serde::Serialize;
 
 use crate::trace::Trace;
-use crate::{bench, scenario};
+use crate::{ScenarioArgs, bench, scenario};
 
 mod instance;
 #[cfg(feature = "exact")]
@@ -136,16 +136,11 @@ pub struct ExactArgs {
     pub seeds: Vec<u64>,
     /// Nodes per sub-cluster.
     pub nodes: usize,
-    /// Load before departures.
-    pub load: f64,
-    /// Departures.
-    pub departures: f64,
-    /// Budget fraction of bound GPU pods.
-    pub budget: f64,
+    /// Load before departures, departures, budget fraction of bound GPU pods,
+    /// HighNodeUtilization threshold.
+    pub scenario: ScenarioArgs,
     /// Least budget.
     pub min_budget: usize,
-    /// HighNodeUtilization threshold.
-    pub hnu_threshold: f64,
     /// HiGHS time limit per instance, seconds.
     pub time_limit: f64,
 }
@@ -279,19 +274,19 @@ pub fn run_instance(
         &scenario::Params {
             workload: workload.to_string(),
             seed,
-            load: a.load,
-            departures: a.departures,
+            load: a.scenario.load,
+            departures: a.scenario.departures,
         },
     );
     let shapes = frag::default_shapes(&c, &Default::default());
-    let budget = bench::budget_of(&c, a.budget).max(a.min_budget);
+    let budget = bench::budget_of(&c, a.scenario.budget).max(a.min_budget);
     let policy = bench::bench_policy(shapes.clone(), budget as u32);
     let scope = Default::default();
     let before = frag::totals(&c, &Capacity::of(&c), &scope, &shapes);
     let bound = bench::bound(&c, &shapes, budget);
     let mut planners_out = Vec::new();
     for name in planners() {
-        let r = bench::run(name, &c, &policy, budget, a.hnu_threshold)?;
+        let r = bench::run(name, &c, &policy, budget, a.scenario.hnu_threshold)?;
         planners_out.push(PlannerResult {
             planner: name.to_string(),
             drop: r.fragment_rate_before - r.fragment_rate_after,

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use gpu_defrag_core::frag;
 
-use crate::{bench, scenario, trace};
+use crate::{ScenarioArgs, bench, scenario, trace};
 
 /// Matrix parameters.
 pub struct MatrixArgs {
@@ -17,14 +17,8 @@ pub struct MatrixArgs {
     pub workloads: Vec<String>,
     /// Seeds 1..=N.
     pub seeds: u64,
-    /// Load.
-    pub load: f64,
-    /// Departures.
-    pub departures: f64,
-    /// Budget fraction.
-    pub budget: f64,
-    /// HighNodeUtilization threshold.
-    pub hnu_threshold: f64,
+    /// Load, departures, budget fraction, HighNodeUtilization threshold.
+    pub scenario: ScenarioArgs,
     /// Raw JSON lines output.
     pub raw: Option<PathBuf>,
     /// Weights of an 8-GPU shape added to gpu-defrag's policy, one run each: the
@@ -60,96 +54,27 @@ pub fn run(a: &MatrixArgs) -> anyhow::Result<String> {
     writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")?;
     let mut verdicts = Vec::new();
     let mut tradeoff = String::new();
-    let total = a.workloads.len() as u64 * a.seeds;
-    let mut done = 0;
-    let t0 = Instant::now();
+    let mut progress = Progress {
+        done: 0,
+        total: a.workloads.len() as u64 * a.seeds,
+        t0: Instant::now(),
+    };
     for w in &a.workloads {
-        let tr = trace::load(&a.dir, w)?;
-        let mut rows: Vec<Vec<bench::Result>> = vec![Vec::new(); bench::PLANNERS.len()];
-        let mut bounds = Vec::new();
-        let mut weighted: Vec<Vec<bench::Result>> = vec![Vec::new(); a.whole_node_weights.len()];
-        for seed in 1..=a.seeds {
-            let (c, summary) = scenario::build(
-                &tr,
-                &scenario::Params {
-                    workload: w.clone(),
-                    seed,
-                    load: a.load,
-                    departures: a.departures,
-                },
-            );
-            let shapes = frag::default_shapes(&c, &Default::default());
-            let budget = bench::budget_of(&c, a.budget);
-            let policy = bench::bench_policy(shapes.clone(), budget as u32);
-            let b = bench::bound(&c, &shapes, budget);
-            let mut results = Vec::new();
-            for (i, name) in bench::PLANNERS.iter().enumerate() {
-                let r = bench::run(name, &c, &policy, budget, a.hnu_threshold)?;
-                rows[i].push(r.clone());
-                results.push(r);
-            }
-            for (i, wt) in a.whole_node_weights.iter().enumerate() {
-                let r = bench::run_whole_node_weight(&c, &policy, budget, *wt)?;
-                weighted[i].push(r.clone());
-                results.push(r);
-            }
-            if let Some(f) = raw.as_mut() {
-                let line = serde_json::json!({
-                    "scenario": {"workload": w, "seed": seed, "load": a.load,
-                        "departures": a.departures, "budget": budget, "summary": summary},
-                    "bound": b, "results": results});
-                writeln!(f, "{line}")?;
-            }
-            bounds.push(b);
-            done += 1;
-            eprint!(
-                "\r[{done}/{total}] {w} seed {seed} ({:.0}s)      ",
-                t0.elapsed().as_secs_f64()
-            );
-        }
-        let med = |i: usize, f: &dyn Fn(&bench::Result) -> f64| -> f64 {
-            median(rows[i].iter().map(f).collect())
-        };
-        let drop = |r: &bench::Result| r.fragment_rate_before - r.fragment_rate_after;
-        let best_baseline = bench::BASELINES.map(|i| med(i, &drop)).fold(0.0, f64::max);
-        let best_nodes = bench::BASELINES
-            .map(|i| med(i, &|r| r.fully_free8_gpu_nodes_after as f64))
-            .fold(0.0, f64::max);
-        for (i, name) in bench::PLANNERS.iter().enumerate() {
-            let d = med(i, &drop);
-            let ratio = if *name == "none" || best_baseline <= 0.0 {
-                "".to_string()
-            } else {
-                format!("{:.2}×", d / best_baseline)
-            };
-            writeln!(
-                md,
-                "| {w} | {name} | {:.0} | {:.4} → {:.4} | {:.2} | {ratio} | {:.0} → {:.0} | {:.0} → {:.0} | {:.0} | {:.1} |",
-                med(i, &|r| r.evictions as f64),
-                med(i, &|r| r.fragment_rate_before),
-                med(i, &|r| r.fragment_rate_after),
-                100.0 * d,
-                med(i, &|r| r.fully_free_gpus_before as f64),
-                med(i, &|r| r.fully_free_gpus_after as f64),
-                med(i, &|r| r.fully_free8_gpu_nodes_before as f64),
-                med(i, &|r| r.fully_free8_gpu_nodes_after as f64),
-                med(i, &|r| r.pending_after as f64),
-                med(i, &|r| r.plan_millis),
-            )?;
-        }
+        let runs = run_workload(a, w, raw.as_mut(), &mut progress)?;
+        planner_rows(&mut md, w, &runs)?;
         let baselines: Vec<Point> = bench::BASELINES
             .map(|i| Point {
                 name: bench::PLANNERS[i],
-                drop: med(i, &drop),
-                nodes: med(i, &|r| r.fully_free8_gpu_nodes_after as f64),
+                drop: runs.med(i, &drop),
+                nodes: runs.med(i, &|r| r.fully_free8_gpu_nodes_after as f64),
             })
             .collect();
         for (i, wt) in a.whole_node_weights.iter().enumerate() {
             let p = Point {
                 name: "",
-                drop: median(weighted[i].iter().map(drop).collect()),
+                drop: median(runs.weighted[i].iter().map(drop).collect()),
                 nodes: median(
-                    weighted[i]
+                    runs.weighted[i]
                         .iter()
                         .map(|r| r.fully_free8_gpu_nodes_after as f64)
                         .collect(),
@@ -157,60 +82,8 @@ pub fn run(a: &MatrixArgs) -> anyhow::Result<String> {
             };
             tradeoff_row(&mut tradeoff, w, *wt, &p, &baselines)?;
         }
-        let bm = |f: &dyn Fn(&bench::Bound) -> f64| median(bounds.iter().map(f).collect());
-        let before = med(0, &|r| r.fragment_rate_before);
-        writeln!(
-            md,
-            "| {w} | *bound* | {:.0} | ≥ {:.4} | ≤ {:.2} | | ≤ {:.0} | ≤ {:.0} | | |",
-            bm(&|b| b.budget as f64),
-            bm(&|b| b.fragment_rate_after_min),
-            100.0 * (before - bm(&|b| b.fragment_rate_after_min)),
-            bm(&|b| b.fully_free_gpus_after_max as f64),
-            bm(&|b| b.fully_free8_gpu_nodes_after_max as f64),
-        )?;
-        let g = bench::GPU_DEFRAG;
-        let g8 = bench::GPU_DEFRAG_8GPU;
-        let gd = med(g, &drop);
-        let gn = med(g, &|r| r.fully_free8_gpu_nodes_after as f64);
-        let g8d = med(g8, &drop);
-        let g8n = med(g8, &|r| r.fully_free8_gpu_nodes_after as f64);
-        let bound_drop = before - bm(&|b| b.fragment_rate_after_min);
-        let ratio = |x: f64| {
-            if best_baseline > 0.0 {
-                x / best_baseline
-            } else {
-                f64::INFINITY
-            }
-        };
-        let verdict = |ok: bool| if ok { "met" } else { "**not met**" };
-        let expected = median(
-            rows[g]
-                .iter()
-                .filter_map(|r| r.expected_fragment_rate_after)
-                .collect(),
-        );
-        verdicts.push(format!(
-            "- **{w}**: gpu-defrag drop {:.2} pp vs best baseline {:.2} pp → {:.2}× (target ≥ 1.5×: {}; the bound allows at most {:.2}×, so the target is {}); free 8-GPU nodes after {:.0} vs best baseline {:.0} (target more: {}); with an 8-GPU shape in its policy (`gpu-defrag-8gpu`): {:.0} free 8-GPU nodes ({}) at a drop of {:.2} pp ({:.2}×); gap to the bound: {:.2} pp of fragment rate ({:.0}% of the bound's drop reached), {:.0} fully free GPUs, {:.0} free 8-GPU nodes; the planner's own forecast of the rate after: {:.4} (measured {:.4}).",
-            100.0 * gd,
-            100.0 * best_baseline,
-            ratio(gd),
-            verdict(gd >= 1.5 * best_baseline),
-            ratio(bound_drop),
-            if bound_drop < 1.5 * best_baseline { "out of reach on this workload" } else { "not ruled out by it" },
-            gn,
-            best_nodes,
-            verdict(gn > best_nodes),
-            g8n,
-            if g8n > best_nodes { "more than the best baseline" } else { "not more than the best baseline" },
-            100.0 * g8d,
-            ratio(g8d),
-            100.0 * (med(g, &|r| r.fragment_rate_after) - bm(&|b| b.fragment_rate_after_min)),
-            if bound_drop > 0.0 { 100.0 * gd / bound_drop } else { 100.0 },
-            bm(&|b| b.fully_free_gpus_after_max as f64) - med(g, &|r| r.fully_free_gpus_after as f64),
-            bm(&|b| b.fully_free8_gpu_nodes_after_max as f64) - gn,
-            expected,
-            med(g, &|r| r.fragment_rate_after),
-        ));
+        bound_row(&mut md, w, &runs)?;
+        verdicts.push(verdict(w, &runs));
     }
     eprintln!();
     std::io::stderr().flush().ok();
@@ -224,6 +97,215 @@ pub fn run(a: &MatrixArgs) -> anyhow::Result<String> {
         md.push_str(&tradeoff);
     }
     Ok(md)
+}
+
+/// Progress over the whole matrix, shown on stderr.
+struct Progress {
+    done: u64,
+    total: u64,
+    t0: Instant,
+}
+
+/// Every seed's results of one workload.
+struct WorkloadRuns {
+    /// Per planner of [`bench::PLANNERS`], one result per seed.
+    rows: Vec<Vec<bench::Result>>,
+    /// The bench's bound, one per seed.
+    bounds: Vec<bench::Bound>,
+    /// Per whole-node weight of [`MatrixArgs::whole_node_weights`], one result per seed.
+    weighted: Vec<Vec<bench::Result>>,
+}
+
+impl WorkloadRuns {
+    /// Median over the seeds of `f` of planner `i`.
+    fn med(&self, i: usize, f: &dyn Fn(&bench::Result) -> f64) -> f64 {
+        median(self.rows[i].iter().map(f).collect())
+    }
+
+    /// Median over the seeds of `f` of the bound.
+    fn bm(&self, f: &dyn Fn(&bench::Bound) -> f64) -> f64 {
+        median(self.bounds.iter().map(f).collect())
+    }
+
+    /// The best baseline's median fragment drop (0 when none drops).
+    fn best_baseline(&self) -> f64 {
+        bench::BASELINES
+            .map(|i| self.med(i, &drop))
+            .fold(0.0, f64::max)
+    }
+}
+
+/// A result's fragment rate drop.
+fn drop(r: &bench::Result) -> f64 {
+    r.fragment_rate_before - r.fragment_rate_after
+}
+
+/// Runs every seed of workload `w`: every planner and every whole-node weight on its
+/// scenario; each seed's JSON line to `raw`.
+fn run_workload(
+    a: &MatrixArgs,
+    w: &str,
+    mut raw: Option<&mut std::fs::File>,
+    progress: &mut Progress,
+) -> anyhow::Result<WorkloadRuns> {
+    let tr = trace::load(&a.dir, w)?;
+    let mut runs = WorkloadRuns {
+        rows: vec![Vec::new(); bench::PLANNERS.len()],
+        bounds: Vec::new(),
+        weighted: vec![Vec::new(); a.whole_node_weights.len()],
+    };
+    for seed in 1..=a.seeds {
+        let (c, summary) = scenario::build(
+            &tr,
+            &scenario::Params {
+                workload: w.to_string(),
+                seed,
+                load: a.scenario.load,
+                departures: a.scenario.departures,
+            },
+        );
+        let shapes = frag::default_shapes(&c, &Default::default());
+        let budget = bench::budget_of(&c, a.scenario.budget);
+        let policy = bench::bench_policy(shapes.clone(), budget as u32);
+        let b = bench::bound(&c, &shapes, budget);
+        let mut results = Vec::new();
+        for (i, name) in bench::PLANNERS.iter().enumerate() {
+            let r = bench::run(name, &c, &policy, budget, a.scenario.hnu_threshold)?;
+            runs.rows[i].push(r.clone());
+            results.push(r);
+        }
+        for (i, wt) in a.whole_node_weights.iter().enumerate() {
+            let r = bench::run_whole_node_weight(&c, &policy, budget, *wt)?;
+            runs.weighted[i].push(r.clone());
+            results.push(r);
+        }
+        if let Some(f) = raw.as_deref_mut() {
+            let line = serde_json::json!({
+                "scenario": {"workload": w, "seed": seed, "load": a.scenario.load,
+                    "departures": a.scenario.departures, "budget": budget, "summary": summary},
+                "bound": b, "results": results});
+            writeln!(f, "{line}")?;
+        }
+        runs.bounds.push(b);
+        progress.done += 1;
+        eprint!(
+            "\r[{}/{}] {w} seed {seed} ({:.0}s)      ",
+            progress.done,
+            progress.total,
+            progress.t0.elapsed().as_secs_f64()
+        );
+    }
+    Ok(runs)
+}
+
+/// The table's row of every planner of workload `w`: medians over the seeds.
+fn planner_rows(md: &mut String, w: &str, runs: &WorkloadRuns) -> std::fmt::Result {
+    let med = |i: usize, f: &dyn Fn(&bench::Result) -> f64| runs.med(i, f);
+    let best_baseline = runs.best_baseline();
+    for (i, name) in bench::PLANNERS.iter().enumerate() {
+        let d = med(i, &drop);
+        let ratio = if *name == "none" || best_baseline <= 0.0 {
+            "".to_string()
+        } else {
+            format!("{:.2}×", d / best_baseline)
+        };
+        writeln!(
+            md,
+            "| {w} | {name} | {:.0} | {:.4} → {:.4} | {:.2} | {ratio} | {:.0} → {:.0} | {:.0} → {:.0} | {:.0} | {:.1} |",
+            med(i, &|r| r.evictions as f64),
+            med(i, &|r| r.fragment_rate_before),
+            med(i, &|r| r.fragment_rate_after),
+            100.0 * d,
+            med(i, &|r| r.fully_free_gpus_before as f64),
+            med(i, &|r| r.fully_free_gpus_after as f64),
+            med(i, &|r| r.fully_free8_gpu_nodes_before as f64),
+            med(i, &|r| r.fully_free8_gpu_nodes_after as f64),
+            med(i, &|r| r.pending_after as f64),
+            med(i, &|r| r.plan_millis),
+        )?;
+    }
+    Ok(())
+}
+
+/// The table's row of the bench's bound for workload `w`.
+fn bound_row(md: &mut String, w: &str, runs: &WorkloadRuns) -> std::fmt::Result {
+    let before = runs.med(0, &|r| r.fragment_rate_before);
+    writeln!(
+        md,
+        "| {w} | *bound* | {:.0} | ≥ {:.4} | ≤ {:.2} | | ≤ {:.0} | ≤ {:.0} | | |",
+        runs.bm(&|b| b.budget as f64),
+        runs.bm(&|b| b.fragment_rate_after_min),
+        100.0 * (before - runs.bm(&|b| b.fragment_rate_after_min)),
+        runs.bm(&|b| b.fully_free_gpus_after_max as f64),
+        runs.bm(&|b| b.fully_free8_gpu_nodes_after_max as f64),
+    )
+}
+
+/// The verdict line of workload `w`: gpu-defrag against the best baseline, its
+/// 8-GPU variant and the bound.
+fn verdict(w: &str, runs: &WorkloadRuns) -> String {
+    let med = |i: usize, f: &dyn Fn(&bench::Result) -> f64| runs.med(i, f);
+    let bm = |f: &dyn Fn(&bench::Bound) -> f64| runs.bm(f);
+    let best_baseline = runs.best_baseline();
+    let best_nodes = bench::BASELINES
+        .map(|i| med(i, &|r| r.fully_free8_gpu_nodes_after as f64))
+        .fold(0.0, f64::max);
+    let before = med(0, &|r| r.fragment_rate_before);
+    let g = bench::GPU_DEFRAG;
+    let g8 = bench::GPU_DEFRAG_8GPU;
+    let gd = med(g, &drop);
+    let gn = med(g, &|r| r.fully_free8_gpu_nodes_after as f64);
+    let g8d = med(g8, &drop);
+    let g8n = med(g8, &|r| r.fully_free8_gpu_nodes_after as f64);
+    let bound_drop = before - bm(&|b| b.fragment_rate_after_min);
+    let ratio = |x: f64| {
+        if best_baseline > 0.0 {
+            x / best_baseline
+        } else {
+            f64::INFINITY
+        }
+    };
+    let verdict = |ok: bool| if ok { "met" } else { "**not met**" };
+    let expected = median(
+        runs.rows[g]
+            .iter()
+            .filter_map(|r| r.expected_fragment_rate_after)
+            .collect(),
+    );
+    format!(
+        "- **{w}**: gpu-defrag drop {:.2} pp vs best baseline {:.2} pp → {:.2}× (target ≥ 1.5×: {}; the bound allows at most {:.2}×, so the target is {}); free 8-GPU nodes after {:.0} vs best baseline {:.0} (target more: {}); with an 8-GPU shape in its policy (`gpu-defrag-8gpu`): {:.0} free 8-GPU nodes ({}) at a drop of {:.2} pp ({:.2}×); gap to the bound: {:.2} pp of fragment rate ({:.0}% of the bound's drop reached), {:.0} fully free GPUs, {:.0} free 8-GPU nodes; the planner's own forecast of the rate after: {:.4} (measured {:.4}).",
+        100.0 * gd,
+        100.0 * best_baseline,
+        ratio(gd),
+        verdict(gd >= 1.5 * best_baseline),
+        ratio(bound_drop),
+        if bound_drop < 1.5 * best_baseline {
+            "out of reach on this workload"
+        } else {
+            "not ruled out by it"
+        },
+        gn,
+        best_nodes,
+        verdict(gn > best_nodes),
+        g8n,
+        if g8n > best_nodes {
+            "more than the best baseline"
+        } else {
+            "not more than the best baseline"
+        },
+        100.0 * g8d,
+        ratio(g8d),
+        100.0 * (med(g, &|r| r.fragment_rate_after) - bm(&|b| b.fragment_rate_after_min)),
+        if bound_drop > 0.0 {
+            100.0 * gd / bound_drop
+        } else {
+            100.0
+        },
+        bm(&|b| b.fully_free_gpus_after_max as f64) - med(g, &|r| r.fully_free_gpus_after as f64),
+        bm(&|b| b.fully_free8_gpu_nodes_after_max as f64) - gn,
+        expected,
+        med(g, &|r| r.fragment_rate_after),
+    )
 }
 
 const TRADEOFF_HEAD: &str = "

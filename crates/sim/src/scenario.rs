@@ -190,106 +190,27 @@ pub fn pod_of(t: &TracePod, name: String, node: Option<(usize, &str)>, devs: &[u
 /// Builds the fragmented cluster.
 pub fn build(trace: &Trace, p: &Params) -> (Cluster, Summary) {
     let mut rng = StdRng::seed_from_u64(p.seed);
-    let mut nodes = nodes_of(trace);
+    let nodes = nodes_of(trace);
     let cap: u64 = nodes.iter().map(|n| n.gpus.len() as u64 * 1000).sum();
-    let node_cap: Vec<u64> = nodes.iter().map(|n| n.gpus.len() as u64 * 1000).collect();
     let target = (p.load.clamp(0.0, 1.0) * cap as f64).round() as u64;
-    let mut free: Vec<Vec<Milli>> = nodes.iter().map(|n| vec![1000; n.gpus.len()]).collect();
-    let mut used: Vec<u64> = vec![0; nodes.len()];
-    let mut placed: Vec<Placed> = Vec::new();
-    let mut requested = 0u64;
-    let mut unplaced = 0usize;
-    let mut passes = 0usize;
-    let max_passes = 20;
-    'outer: while requested < target && !trace.pods.is_empty() && passes < max_passes {
-        passes += 1;
-        let mut order: Vec<usize> = (0..trace.pods.len()).collect();
-        order.shuffle(&mut rng);
-        let mut placed_this_pass = 0;
-        for pi in order {
-            if requested >= target {
-                break 'outer;
-            }
-            let t = &trace.pods[pi];
-            let d = demand(t);
-            // Least allocated after placement; ties broken at random (reservoir).
-            let mut best: Option<(u64, usize)> = None;
-            let mut ties = 0u32;
-            for (n, node) in nodes.iter().enumerate() {
-                if node.cpu_free() < t.cpu_milli
-                    || node.mem_free() < t.memory_mib << 20
-                    || node.pods_used >= node.pods_alloc
-                    || !model_ok(t, node)
-                    || free[n].iter().filter(|f| **f >= t.gpu_milli).count() < t.num_gpu as usize
-                {
-                    continue;
-                }
-                let score = (used[n] + d) * 1_000_000 / node_cap[n];
-                match best {
-                    Some((s, _)) if score > s => {}
-                    Some((s, _)) if score == s => {
-                        ties += 1;
-                        if rng.random_range(0..ties + 1) == 0 {
-                            best = Some((score, n));
-                        }
-                    }
-                    _ => {
-                        best = Some((score, n));
-                        ties = 0;
-                    }
-                }
-            }
-            let Some((_, n)) = best else {
-                unplaced += 1;
-                continue;
-            };
-            let devs = spread_devices(&free[n], t, &mut rng).expect("checked above");
-            for &g in &devs {
-                free[n][g] -= t.gpu_milli;
-                nodes[n].gpus[g].used += t.gpu_milli;
-            }
-            nodes[n].cpu_used += t.cpu_milli;
-            nodes[n].mem_used += t.memory_mib << 20;
-            nodes[n].pods_used += 1;
-            used[n] += d;
-            requested += d;
-            placed_this_pass += 1;
-            let name = if passes == 1 {
-                t.name.clone()
-            } else {
-                format!("{}-r{}", t.name, passes - 1)
-            };
-            placed.push(Placed {
-                pod: pi,
-                name,
-                node: n,
-                devs,
-            });
-        }
-        if placed_this_pass == 0 {
-            break;
-        }
-    }
-    let load_reached = requested as f64 / cap.max(1) as f64;
-    let n_placed = placed.len();
-    // Departures.
-    let leave = ((p.departures.clamp(0.0, 1.0) * n_placed as f64).round() as usize).min(n_placed);
-    let mut idx: Vec<usize> = (0..n_placed).collect();
-    idx.shuffle(&mut rng);
-    let mut gone = vec![false; n_placed];
-    for &i in &idx[..leave] {
-        gone[i] = true;
-        let pl = &placed[i];
-        let t = &trace.pods[pl.pod];
-        let node = &mut nodes[pl.node];
-        for &g in &pl.devs {
-            node.gpus[g].used -= t.gpu_milli;
-        }
-        node.cpu_used -= t.cpu_milli;
-        node.mem_used -= t.memory_mib << 20;
-        node.pods_used -= 1;
-        requested -= demand(t);
-    }
+    let mut f = Fill {
+        node_cap: nodes.iter().map(|n| n.gpus.len() as u64 * 1000).collect(),
+        free: nodes.iter().map(|n| vec![1000; n.gpus.len()]).collect(),
+        used: vec![0; nodes.len()],
+        nodes,
+        placed: Vec::new(),
+        requested: 0,
+    };
+    let (unplaced, passes) = f.arrivals(trace, target, &mut rng);
+    let load_reached = f.requested as f64 / cap.max(1) as f64;
+    let n_placed = f.placed.len();
+    let (gone, leave) = f.departures(trace, p.departures, &mut rng);
+    let Fill {
+        nodes,
+        placed,
+        requested,
+        ..
+    } = f;
     let mut pods: Vec<Pod> = placed
         .iter()
         .zip(&gone)
@@ -327,6 +248,142 @@ pub fn build(trace: &Trace, p: &Params) -> (Cluster, Summary) {
         },
         summary,
     )
+}
+
+/// The cluster while [`build`] fills it.
+struct Fill {
+    nodes: Vec<Node>,
+    /// GPU milli per node.
+    node_cap: Vec<u64>,
+    /// Free milli per GPU, by node.
+    free: Vec<Vec<Milli>>,
+    /// Requested GPU milli per node.
+    used: Vec<u64>,
+    placed: Vec<Placed>,
+    /// Requested GPU milli in all.
+    requested: u64,
+}
+
+impl Fill {
+    /// Arrivals in shuffled passes over the pod list until the requested GPU reaches
+    /// `target` (at most 20 passes; stops when a pass places nothing). Returns the
+    /// arrivals that fit nowhere and the passes.
+    fn arrivals(&mut self, trace: &Trace, target: u64, rng: &mut StdRng) -> (usize, usize) {
+        let mut unplaced = 0usize;
+        let mut passes = 0usize;
+        let max_passes = 20;
+        'outer: while self.requested < target && !trace.pods.is_empty() && passes < max_passes {
+            passes += 1;
+            let mut order: Vec<usize> = (0..trace.pods.len()).collect();
+            order.shuffle(rng);
+            let mut placed_this_pass = 0;
+            for pi in order {
+                if self.requested >= target {
+                    break 'outer;
+                }
+                let t = &trace.pods[pi];
+                let Some(n) = self.least_allocated(t, rng) else {
+                    unplaced += 1;
+                    continue;
+                };
+                self.place(trace, pi, n, passes, rng);
+                placed_this_pass += 1;
+            }
+            if placed_this_pass == 0 {
+                break;
+            }
+        }
+        (unplaced, passes)
+    }
+
+    /// The node the spreading scheduler picks for `t`: least allocated on GPU after
+    /// placement among those that fit; ties broken at random (reservoir).
+    fn least_allocated(&self, t: &TracePod, rng: &mut StdRng) -> Option<usize> {
+        let d = demand(t);
+        let mut best: Option<(u64, usize)> = None;
+        let mut ties = 0u32;
+        for (n, node) in self.nodes.iter().enumerate() {
+            if node.cpu_free() < t.cpu_milli
+                || node.mem_free() < t.memory_mib << 20
+                || node.pods_used >= node.pods_alloc
+                || !model_ok(t, node)
+                || self.free[n].iter().filter(|f| **f >= t.gpu_milli).count() < t.num_gpu as usize
+            {
+                continue;
+            }
+            let score = (self.used[n] + d) * 1_000_000 / self.node_cap[n];
+            match best {
+                Some((s, _)) if score > s => {}
+                Some((s, _)) if score == s => {
+                    ties += 1;
+                    if rng.random_range(0..ties + 1) == 0 {
+                        best = Some((score, n));
+                    }
+                }
+                _ => {
+                    best = Some((score, n));
+                    ties = 0;
+                }
+            }
+        }
+        best.map(|(_, n)| n)
+    }
+
+    /// Places trace pod `pi` on node `n` (random devices that fit), in pass `passes`.
+    fn place(&mut self, trace: &Trace, pi: usize, n: usize, passes: usize, rng: &mut StdRng) {
+        let t = &trace.pods[pi];
+        let d = demand(t);
+        let devs = spread_devices(&self.free[n], t, rng).expect("checked above");
+        for &g in &devs {
+            self.free[n][g] -= t.gpu_milli;
+            self.nodes[n].gpus[g].used += t.gpu_milli;
+        }
+        self.nodes[n].cpu_used += t.cpu_milli;
+        self.nodes[n].mem_used += t.memory_mib << 20;
+        self.nodes[n].pods_used += 1;
+        self.used[n] += d;
+        self.requested += d;
+        let name = if passes == 1 {
+            t.name.clone()
+        } else {
+            format!("{}-r{}", t.name, passes - 1)
+        };
+        self.placed.push(Placed {
+            pod: pi,
+            name,
+            node: n,
+            devs,
+        });
+    }
+
+    /// `departures` of the placed pods (a fraction) leave at random. Returns which
+    /// left, and how many.
+    fn departures(
+        &mut self,
+        trace: &Trace,
+        departures: f64,
+        rng: &mut StdRng,
+    ) -> (Vec<bool>, usize) {
+        let n_placed = self.placed.len();
+        let leave = ((departures.clamp(0.0, 1.0) * n_placed as f64).round() as usize).min(n_placed);
+        let mut idx: Vec<usize> = (0..n_placed).collect();
+        idx.shuffle(rng);
+        let mut gone = vec![false; n_placed];
+        for &i in &idx[..leave] {
+            gone[i] = true;
+            let pl = &self.placed[i];
+            let t = &trace.pods[pl.pod];
+            let node = &mut self.nodes[pl.node];
+            for &g in &pl.devs {
+                node.gpus[g].used -= t.gpu_milli;
+            }
+            node.cpu_used -= t.cpu_milli;
+            node.mem_used -= t.memory_mib << 20;
+            node.pods_used -= 1;
+            self.requested -= demand(t);
+        }
+        (gone, leave)
+    }
 }
 
 #[cfg(test)]

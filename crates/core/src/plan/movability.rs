@@ -96,6 +96,21 @@ pub(super) fn movable_but_pdbs(
     now: Option<DateTime<Utc>>,
     history: &History,
 ) -> Result<(), Skip> {
+    state_rules(pod, cluster, policy)?;
+    owner_rules(pod, policy)?;
+    namespace_storage_and_claim_rules(pod, cluster, policy)?;
+    scheduling_rules(pod, policy)?;
+    opt_out_rules(pod, policy, now)?;
+    if history.evicted.contains(&pod.key()) {
+        return Err(Skip::AlreadyMoved);
+    }
+    Ok(())
+}
+
+/// The pod's scope, allocation, node and state: in scope, its allocation known, its
+/// node drainable, running, Ready, not terminating, not a mirror pod, not a KAI
+/// reservation.
+fn state_rules(pod: &Pod, cluster: &Cluster, policy: &Policy) -> Result<(), Skip> {
     if !policy.scope.covers_pod(pod) {
         return Err(Skip::OutOfScope);
     }
@@ -127,6 +142,12 @@ pub(super) fn movable_but_pdbs(
     if pod.namespace == crate::ingest::KAI_RESERVATION_NS {
         return Err(Skip::KaiReservation);
     }
+    Ok(())
+}
+
+/// The pod's owner: a known controller of a kind that recreates it (Job kinds when the
+/// policy evicts Job pods), and no gang.
+fn owner_rules(pod: &Pod, policy: &Policy) -> Result<(), Skip> {
     let Some(w) = &pod.workload else {
         return Err(Skip::NoController);
     };
@@ -150,6 +171,16 @@ pub(super) fn movable_but_pdbs(
         Some(Gang::Unknown(_)) => return Err(Skip::GangUnknown),
         None => {}
     }
+    Ok(())
+}
+
+/// The pod's namespace opt-out, volumes (as the policy allows), readable constraints
+/// and resource claims.
+fn namespace_storage_and_claim_rules(
+    pod: &Pod,
+    cluster: &Cluster,
+    policy: &Policy,
+) -> Result<(), Skip> {
     if cluster.protected_namespaces.contains(&pod.namespace) {
         return Err(Skip::NamespaceOptOut);
     }
@@ -173,6 +204,12 @@ pub(super) fn movable_but_pdbs(
         ClaimSource::None if pod.resource_claims => return Err(Skip::ResourceClaim),
         ClaimSource::None => {}
     }
+    Ok(())
+}
+
+/// The pod's scheduler (a bin-packing one) and priority (not protected, not above the
+/// policy's maximum).
+fn scheduling_rules(pod: &Pod, policy: &Policy) -> Result<(), Skip> {
     if !policy
         .binpack_schedulers
         .iter()
@@ -188,6 +225,12 @@ pub(super) fn movable_but_pdbs(
     if policy.max_priority.is_some_and(|m| pod.priority > m) {
         return Err(Skip::Priority);
     }
+    Ok(())
+}
+
+/// The opt-out annotations (do-not-disrupt, safe-to-evict, the highest eviction cost,
+/// Karpenter's do-not-disrupt while younger than its duration) and `minPodAge`.
+fn opt_out_rules(pod: &Pod, policy: &Policy, now: Option<DateTime<Utc>>) -> Result<(), Skip> {
     let age = match (now, pod.started) {
         (Some(now), Some(c)) => Some((now - c).to_std().unwrap_or_default()),
         _ => None,
@@ -227,9 +270,6 @@ pub(super) fn movable_but_pdbs(
     if !policy.min_pod_age.is_zero() && age.is_none_or(|a| a < policy.min_pod_age) && now.is_some()
     {
         return Err(Skip::TooYoung);
-    }
-    if history.evicted.contains(&pod.key()) {
-        return Err(Skip::AlreadyMoved);
     }
     Ok(())
 }

@@ -44,6 +44,38 @@ impl Vars {
     }
 }
 
+/// The MILP under construction: its variables (columns) and rows, both in creation
+/// order.
+struct Milp {
+    v: Vars,
+    rows: Vec<good_lp::Constraint>,
+}
+
+/// The eviction variables and landing-node variables of every candidate.
+struct Evictions {
+    /// Per candidate: x_p (variable, column).
+    x: Vec<(Variable, usize)>,
+    /// Per candidate: (node, u_{p,n}, column) for every node it may land on.
+    u: Vec<Vec<(usize, Variable, usize)>>,
+}
+
+/// Milli that leaves and arrives per GPU (by node), and cpu, memory and pod slots per
+/// node, as expressions of the variables.
+type Deltas = (Vec<Vec<Expression>>, Vec<[Expression; 3]>);
+
+/// What HiGHS returned.
+struct Solution {
+    optimal: bool,
+    objective_value: f64,
+    /// The solver's dual bound (the objective when proved optimal).
+    dual: f64,
+    /// Value of every column.
+    cols: Vec<f64>,
+    /// Variables (binary, integer, continuous).
+    size_vars: [usize; 3],
+    n_rows: usize,
+}
+
 /// Solves the instance; the best plan found is applied and measured.
 pub fn solve(
     c: &Cluster,
@@ -52,38 +84,74 @@ pub fn solve(
     time_limit: f64,
 ) -> Result<Solved> {
     let t0 = Instant::now();
-    let metric = &inst.metric;
-    let mut v = Vars {
-        vars: ProblemVariables::new(),
-        n: 0,
-        bin: 0,
-        int: 0,
+    let mut m = Milp {
+        v: Vars {
+            vars: ProblemVariables::new(),
+            n: 0,
+            bin: 0,
+            int: 0,
+        },
+        rows: Vec::new(),
     };
-    let mut rows: Vec<good_lp::Constraint> = Vec::new();
-    let nn = c.nodes.len();
-    let levels = metric.lo.len();
+    let ev = eviction_vars(&mut m, inst);
+    let (mut gpu_delta, node_delta) = deltas(c, inst, &ev);
+    let counts = landing_counts(&mut m, c, inst, &ev, &mut gpu_delta);
+    node_rows(&mut m, c, node_delta);
+    let objective = levels_and_objective(&mut m, c, inst, gpu_delta);
+    let sol = run_highs(m, objective, time_limit)?;
+    let plan = deal_solution(inst, &ev, &counts, &sol.cols)?;
+    let landed_back = plan
+        .moves
+        .iter()
+        .filter(|(p, n, _)| c.pods[*p].node == Some(*n))
+        .count();
+    let (after, fragment_milli) = apply_and_check(c, inst, shapes, &plan, sol.objective_value)?;
+    Ok(Solved {
+        receiver_free_after: receiver_free_after(&plan, &after),
+        optimal: sol.optimal,
+        fragment_milli_after: fragment_milli,
+        objective: sol.objective_value,
+        fragment_milli_after_min: sol.dual.min(fragment_milli),
+        evictions: plan.moves.len(),
+        evicted: plan.moves.iter().map(|m| m.0).collect(),
+        landed_back,
+        seconds: t0.elapsed().as_secs_f64(),
+        size: [
+            sol.size_vars[0],
+            sol.size_vars[1],
+            sol.size_vars[2],
+            sol.n_rows,
+        ],
+    })
+}
 
-    // Evictions and landing nodes.
+/// Evictions and landing nodes: x_p, u_{p,n}, Σ_n u_{p,n} = x_p and Σ_p x_p ≤ B.
+fn eviction_vars(m: &mut Milp, inst: &Instance) -> Evictions {
     let mut x = Vec::new();
     let mut u: Vec<Vec<(usize, Variable, usize)>> = Vec::new();
     let mut evict_all = Expression::default();
     for cand in &inst.cands {
-        let (xv, xi) = v.binary();
+        let (xv, xi) = m.v.binary();
         evict_all += xv;
         let mut lands = Vec::new();
         let mut sum = Expression::default();
         for &n in &cand.land {
-            let (uv, ui) = v.binary();
+            let (uv, ui) = m.v.binary();
             sum += uv;
             lands.push((n, uv, ui));
         }
-        rows.push(sum.eq(xv));
+        m.rows.push(sum.eq(xv));
         x.push((xv, xi));
         u.push(lands);
     }
-    rows.push(evict_all.leq(inst.budget as f64));
+    m.rows.push(evict_all.leq(inst.budget as f64));
+    Evictions { x, u }
+}
 
-    // Per node: incoming pods by class; per GPU the milli that leaves and arrives.
+/// Per node: incoming pods' cpu, memory and slots; per GPU the milli that leaves (the
+/// milli that arrives is added by [`landing_counts`]).
+fn deltas(c: &Cluster, inst: &Instance, ev: &Evictions) -> Deltas {
+    let nn = c.nodes.len();
     let mut gpu_delta: Vec<Vec<Expression>> = c
         .nodes
         .iter()
@@ -92,20 +160,32 @@ pub fn solve(
     let mut node_delta: Vec<[Expression; 3]> = (0..nn).map(|_| Default::default()).collect();
     for (ci, cand) in inst.cands.iter().enumerate() {
         let p = &c.pods[cand.pod];
-        let (xv, _) = x[ci];
+        let (xv, _) = ev.x[ci];
         for &(g, m) in &cand.devs {
             gpu_delta[cand.node][g] -= f64::from(m) * xv;
         }
         node_delta[cand.node][0] -= p.cpu as f64 * xv;
         node_delta[cand.node][1] -= p.mem as f64 * xv;
         node_delta[cand.node][2] -= xv;
-        for &(n, uv, _) in &u[ci] {
+        for &(n, uv, _) in &ev.u[ci] {
             node_delta[n][0] += p.cpu as f64 * uv;
             node_delta[n][1] += p.mem as f64 * uv;
             node_delta[n][2] += uv;
         }
     }
-    // Classes (GPUs, milli) and the pods of each landing on each node.
+    (gpu_delta, node_delta)
+}
+
+/// Classes (GPUs, milli) and the pods of each landing on each node: the count
+/// variables N_{s,g} and D_{c,g} with their rows; the milli they bring is added to
+/// `gpu_delta`.
+fn landing_counts(
+    m: &mut Milp,
+    c: &Cluster,
+    inst: &Instance,
+    ev: &Evictions,
+    gpu_delta: &mut [Vec<Expression>],
+) -> Counts {
     let mut classes: BTreeMap<(u32, Milli), Vec<usize>> = BTreeMap::new();
     for (ci, cand) in inst.cands.iter().enumerate() {
         classes.entry((cand.gpus, cand.milli)).or_default().push(ci);
@@ -117,7 +197,7 @@ pub fn solve(
             let mut incoming = Expression::default();
             let mut any = false;
             for &ci in members {
-                if let Some(&(_, uv, _)) = u[ci].iter().find(|(m, _, _)| *m == n) {
+                if let Some(&(_, uv, _)) = ev.u[ci].iter().find(|(m, _, _)| *m == n) {
                     incoming += uv;
                     any = true;
                 }
@@ -136,29 +216,46 @@ pub fn solve(
                 } else {
                     members.len() as f64
                 };
-                let (dv, di) = v.integer(cap.min(members.len() as f64));
+                let (dv, di) = m.v.integer(cap.min(members.len() as f64));
                 total += dv;
                 node_delta_gpu[g] += f64::from(s) * dv;
                 if k >= 2 {
-                    rows.push(Expression::from(dv).leq(incoming.clone()));
+                    m.rows.push(Expression::from(dv).leq(incoming.clone()));
                 }
                 per_gpu.push((g, dv, di));
             }
             if s == 0 {
                 continue;
             }
-            rows.push(total.eq(f64::from(k) * incoming));
+            m.rows.push(total.eq(f64::from(k) * incoming));
             counts.insert(((k, s), n), per_gpu);
         }
     }
-    for (n, node) in c.nodes.iter().enumerate() {
-        let [cpu, mem, pods] = std::mem::take(&mut node_delta[n]);
-        rows.push((cpu + node.cpu_used as f64).leq(node.cpu_alloc as f64));
-        rows.push((mem + node.mem_used as f64).leq(node.mem_alloc as f64));
-        rows.push((pods + node.pods_used as f64).leq(node.pods_alloc as f64));
-    }
+    counts
+}
 
-    // Levels and the objective.
+/// The cpu, memory and pod-slot rows of every node.
+fn node_rows(m: &mut Milp, c: &Cluster, node_delta: Vec<[Expression; 3]>) {
+    for (node, [cpu, mem, pods]) in c.nodes.iter().zip(node_delta) {
+        m.rows
+            .push((cpu + node.cpu_used as f64).leq(node.cpu_alloc as f64));
+        m.rows
+            .push((mem + node.mem_used as f64).leq(node.mem_alloc as f64));
+        m.rows
+            .push((pods + node.pods_used as f64).leq(node.pods_alloc as f64));
+    }
+}
+
+/// The levels of every GPU of the counted nodes and the multi-GPU shapes' fit
+/// variables; returns the objective (the fragment milli after).
+fn levels_and_objective(
+    m: &mut Milp,
+    c: &Cluster,
+    inst: &Instance,
+    mut gpu_delta: Vec<Vec<Expression>>,
+) -> Expression {
+    let metric = &inst.metric;
+    let levels = metric.lo.len();
     let mut objective = Expression::default();
     for (n, node) in c.nodes.iter().enumerate() {
         if !inst.counted[n] {
@@ -179,10 +276,12 @@ pub fn solve(
             let mut zs = Expression::default();
             let mut rs = Expression::default();
             for j in 0..levels {
-                let (z, _) = v.binary();
-                let (r, _) = v.real(f64::from(metric.hi[j]));
-                rows.push(Expression::from(r).leq(f64::from(metric.hi[j]) * z));
-                rows.push(Expression::from(r).geq(f64::from(metric.lo[j]) * z));
+                let (z, _) = m.v.binary();
+                let (r, _) = m.v.real(f64::from(metric.hi[j]));
+                m.rows
+                    .push(Expression::from(r).leq(f64::from(metric.hi[j]) * z));
+                m.rows
+                    .push(Expression::from(r).geq(f64::from(metric.lo[j]) * z));
                 zs += z;
                 rs += r;
                 objective += metric.coef[j] * r;
@@ -193,27 +292,36 @@ pub fn solve(
                     }
                 }
             }
-            rows.push(zs.eq(1.0));
-            rows.push((rs + used).eq(f64::from(GPU_MILLI)));
+            m.rows.push(zs.eq(1.0));
+            m.rows.push((rs + used).eq(f64::from(GPU_MILLI)));
         }
         let healthy = node.gpus.iter().filter(|g| g.healthy).count();
         for (mi, &(k, _, w)) in metric.multi.iter().enumerate() {
             if healthy < k as usize {
                 continue; // never fits: its term is w·idle, in the coefficients
             }
-            let (y, _) = v.binary();
-            let (val, _) = v.real(f64::from(GPU_MILLI) * healthy as f64);
-            rows.push(std::mem::take(&mut above_z[mi]).geq(f64::from(k) * y));
-            rows.push(Expression::from(val).leq(std::mem::take(&mut above_r[mi])));
-            rows.push(Expression::from(val).leq(f64::from(GPU_MILLI) * healthy as f64 * y));
+            let (y, _) = m.v.binary();
+            let (val, _) = m.v.real(f64::from(GPU_MILLI) * healthy as f64);
+            m.rows
+                .push(std::mem::take(&mut above_z[mi]).geq(f64::from(k) * y));
+            m.rows
+                .push(Expression::from(val).leq(std::mem::take(&mut above_r[mi])));
+            m.rows
+                .push(Expression::from(val).leq(f64::from(GPU_MILLI) * healthy as f64 * y));
             objective -= w * val;
         }
     }
     // Unhealthy GPUs free no milli to the metric (free() is 0): nothing to add.
+    objective
+}
 
+/// Hands the MILP to HiGHS (quiet, one thread, the time limit and gaps) and reads
+/// back its status, objective, dual bound and columns.
+fn run_highs(m: Milp, objective: Expression, time_limit: f64) -> Result<Solution> {
+    let v = m.v;
     let size_vars = [v.bin, v.int, v.n - v.bin - v.int];
     let mut problem = v.vars.minimise(objective).using(highs_solver);
-    problem = rows.into_iter().fold(problem, |p, r| p.with(r));
+    problem = m.rows.into_iter().fold(problem, |p, r| p.with(r));
     let mut model = problem
         .try_into_inner()
         .map_err(|e| anyhow::anyhow!("building the HiGHS model: {e}"))?;
@@ -251,16 +359,32 @@ pub fn solve(
         cols.len(),
         v.n
     );
-    let on = |i: usize| cols[i] > 0.5;
+    Ok(Solution {
+        optimal,
+        objective_value,
+        dual,
+        cols,
+        size_vars,
+        n_rows,
+    })
+}
 
-    // Deal the solution into pods and devices.
+/// Deals the solution into pods and devices: each evicted pod's landing node, and per
+/// (class, node) the landing counts per GPU dealt to its pods.
+fn deal_solution(
+    inst: &Instance,
+    ev: &Evictions,
+    counts: &Counts,
+    cols: &[f64],
+) -> Result<Landing> {
+    let on = |i: usize| cols[i] > 0.5;
     let mut plan = Landing::default();
     let mut landing_on: BTreeMap<((u32, Milli), usize), Vec<usize>> = BTreeMap::new();
     for (ci, cand) in inst.cands.iter().enumerate() {
-        if !on(x[ci].1) {
+        if !on(ev.x[ci].1) {
             continue;
         }
-        let n = u[ci]
+        let n = ev.u[ci]
             .iter()
             .find(|(_, _, i)| on(*i))
             .map(|(n, _, _)| *n)
@@ -277,34 +401,47 @@ pub fn solve(
             .map(|(g, _, i)| (*g, cols[*i].round().max(0.0) as u32))
             .collect();
         let dealt = if class.0 == 1 {
-            // Shares: pods of one size are interchangeable; a GPU may take several.
-            let mut out = Vec::new();
-            let mut it = pods.iter();
-            for (g, k) in cs {
-                for _ in 0..k {
-                    let p = it.next().context("more landing counts than pods")?;
-                    out.push((*p, vec![g]));
-                }
-            }
-            ensure!(it.next().is_none(), "fewer landing counts than pods");
-            out
+            deal_shares(pods, cs)?
         } else {
             deal(pods, class.0 as usize, &cs)?
         };
         plan.moves
             .extend(dealt.into_iter().map(|(p, devs)| (p, *n, devs)));
     }
-    let landed_back = plan
-        .moves
-        .iter()
-        .filter(|(p, n, _)| c.pods[*p].node == Some(*n))
-        .count();
-    let after = apply(c, &plan)?;
+    Ok(plan)
+}
+
+/// Shares: pods of one size are interchangeable; a GPU may take several (`cs`: per
+/// GPU, how many).
+fn deal_shares(pods: &[usize], cs: Vec<(usize, u32)>) -> Result<Vec<(usize, Vec<usize>)>> {
+    let mut out = Vec::new();
+    let mut it = pods.iter();
+    for (g, k) in cs {
+        for _ in 0..k {
+            let p = it.next().context("more landing counts than pods")?;
+            out.push((*p, vec![g]));
+        }
+    }
+    ensure!(it.next().is_none(), "fewer landing counts than pods");
+    Ok(out)
+}
+
+/// Applies the plan and measures it with the bench's metric; checks that the levels'
+/// linear value and the MILP's objective agree with the measurement. Returns the
+/// cluster after and its fragment milli.
+fn apply_and_check(
+    c: &Cluster,
+    inst: &Instance,
+    shapes: &[TargetShape],
+    plan: &Landing,
+    objective_value: f64,
+) -> Result<(Cluster, f64)> {
+    let after = apply(c, plan)?;
     let scope = Default::default();
     let t = frag::totals(&after, &Capacity::of(&after), &scope, shapes);
     let linear: f64 = (0..after.nodes.len())
         .filter(|&n| inst.counted[n])
-        .map(|n| metric.node_value(&frag::free_of(&after.nodes[n])))
+        .map(|n| inst.metric.node_value(&frag::free_of(&after.nodes[n])))
         .sum();
     ensure!(
         (t.fragment_milli - linear).abs() <= 1e-6 * t.fragment_milli.abs().max(1.0),
@@ -316,6 +453,12 @@ pub fn solve(
         "the MILP's objective {objective_value} differs from the measured fragment milli {}",
         t.fragment_milli
     );
+    Ok((after, t.fragment_milli))
+}
+
+/// Free milli after the plan of each GPU an evicted pod landed on (once per GPU, in
+/// (node, GPU) order).
+fn receiver_free_after(plan: &Landing, after: &Cluster) -> Vec<Milli> {
     let mut receivers: Vec<(usize, usize)> = plan
         .moves
         .iter()
@@ -323,22 +466,10 @@ pub fn solve(
         .collect();
     receivers.sort_unstable();
     receivers.dedup();
-    let receiver_free_after = receivers
+    receivers
         .iter()
         .map(|&(n, g)| after.nodes[n].gpus[g].free())
-        .collect();
-    Ok(Solved {
-        receiver_free_after,
-        optimal,
-        fragment_milli_after: t.fragment_milli,
-        objective: objective_value,
-        fragment_milli_after_min: dual.min(t.fragment_milli),
-        evictions: plan.moves.len(),
-        evicted: plan.moves.iter().map(|m| m.0).collect(),
-        landed_back,
-        seconds: t0.elapsed().as_secs_f64(),
-        size: [size_vars[0], size_vars[1], size_vars[2], n_rows],
-    })
+        .collect()
 }
 
 /// Tests of the solver (feature `exact`: `cargo test -p gpu-defrag-sim --features exact`).

@@ -211,72 +211,10 @@ pub struct Prepared {
 /// Loads the trace and draws the arrival stream.
 pub fn prepare(dir: &std::path::Path, p: &Params) -> anyhow::Result<Prepared> {
     let trace = trace::load(dir, &p.workload)?;
-    let (life, from) = match trace::load_lifetimes(dir, &p.workload)? {
-        Some(l) => (l, p.workload.clone()),
-        None => {
-            let l = trace::load_lifetimes(dir, "default")?
-                .ok_or_else(|| anyhow::anyhow!("default pod list has no lifetimes"))?;
-            (l, "default".to_string())
-        }
-    };
-    let life_src = if from == p.workload {
-        trace.pods.clone()
-    } else {
-        trace::load(dir, "default")?.pods
-    };
-    anyhow::ensure!(life.len() == life_src.len(), "lifetimes do not match pods");
-    let cap = p.max_lifetime_hours * HOUR;
-    let mut life_by_class: [Vec<f64>; 4] = Default::default();
-    for (tp, l) in life_src.iter().zip(&life) {
-        life_by_class[class_of(tp.num_gpu, tp.gpu_milli)].push((*l as f64).min(cap));
-    }
-    // Model ids.
-    let mut models: HashMap<String, u32> = HashMap::new();
-    for n in &trace.nodes {
-        let k = models.len() as u32;
-        models.entry(n.model.clone()).or_insert(k);
-    }
-    anyhow::ensure!(models.len() <= 64, "more than 64 GPU models");
-    let mut groups: HashMap<(u32, u32), usize> = HashMap::new();
-    let nodes: Vec<NodeS> = trace
-        .nodes
-        .iter()
-        .map(|n| {
-            let m = models[&n.model];
-            let k = groups.len();
-            let group = *groups.entry((n.gpus, m)).or_insert(k);
-            let gpus = (n.gpus as usize).min(8);
-            let mut free = [0; 8];
-            free[..gpus].fill(GPU_MILLI);
-            NodeS {
-                gpus,
-                free,
-                cpu_free: n.cpu_milli,
-                mem_free: n.memory_mib << 20,
-                pods_free: scenario::PODS_PER_NODE,
-                model: 1 << m,
-                group,
-            }
-        })
-        .collect();
-    let tpl: Vec<Tpl> = trace
-        .pods
-        .iter()
-        .map(|t| Tpl {
-            gpus: t.num_gpu,
-            milli: t.gpu_milli,
-            cpu: t.cpu_milli,
-            mem: t.memory_mib << 20,
-            models: t
-                .models
-                .iter()
-                .filter_map(|m| models.get(m))
-                .fold(0u64, |a, &b| a | (1 << b))
-                | if t.models.is_empty() { 0 } else { 1 << 63 },
-            class: class_of(t.num_gpu, t.gpu_milli),
-            demand: u64::from(t.num_gpu) * u64::from(t.gpu_milli),
-        })
-        .collect();
+    let (life_by_class, from) = lifetimes_by_class(dir, p, &trace)?;
+    let models = model_ids(&trace)?;
+    let nodes = sim_nodes(&trace, &models);
+    let tpl = templates(&trace, &models);
     let classes: Vec<usize> = tpl.iter().map(|t| t.class).collect();
     let demand: Vec<u64> = tpl.iter().map(|t| t.demand).collect();
     let capacity: u64 = nodes.iter().map(|n| n.gpus as u64 * 1000).sum();
@@ -305,16 +243,7 @@ pub fn prepare(dir: &std::path::Path, p: &Params) -> anyhow::Result<Prepared> {
         p.seed,
     );
     let initial_pods = arrivals.iter().take_while(|a| a.t == 0.0).count();
-    // FGD's target workload: the shapes of the pod list covering 95% of its pods.
-    let list = Cluster {
-        pods: trace
-            .pods
-            .iter()
-            .map(|t| scenario::pod_of(t, t.name.clone(), None, &[]))
-            .collect(),
-        ..Default::default()
-    };
-    let shapes = frag::default_shapes(&list, &Default::default());
+    let shapes = fgd_shapes(&trace);
     let base_nodes = scenario::nodes_of(&trace);
     Ok(Prepared {
         trace,
@@ -328,6 +257,108 @@ pub fn prepare(dir: &std::path::Path, p: &Params) -> anyhow::Result<Prepared> {
         initial_pods,
         lifetimes_from: from,
     })
+}
+
+/// The trace's lifetimes per shape class, capped at `max_lifetime_hours`: the pod
+/// list's own, or those of `default` for a list without them; with the list they came
+/// from.
+fn lifetimes_by_class(
+    dir: &std::path::Path,
+    p: &Params,
+    trace: &Trace,
+) -> anyhow::Result<([Vec<f64>; 4], String)> {
+    let (life, from) = match trace::load_lifetimes(dir, &p.workload)? {
+        Some(l) => (l, p.workload.clone()),
+        None => {
+            let l = trace::load_lifetimes(dir, "default")?
+                .ok_or_else(|| anyhow::anyhow!("default pod list has no lifetimes"))?;
+            (l, "default".to_string())
+        }
+    };
+    let life_src = if from == p.workload {
+        trace.pods.clone()
+    } else {
+        trace::load(dir, "default")?.pods
+    };
+    anyhow::ensure!(life.len() == life_src.len(), "lifetimes do not match pods");
+    let cap = p.max_lifetime_hours * HOUR;
+    let mut life_by_class: [Vec<f64>; 4] = Default::default();
+    for (tp, l) in life_src.iter().zip(&life) {
+        life_by_class[class_of(tp.num_gpu, tp.gpu_milli)].push((*l as f64).min(cap));
+    }
+    Ok((life_by_class, from))
+}
+
+/// An id per GPU model of the trace's nodes, in order of appearance (at most 64).
+fn model_ids(trace: &Trace) -> anyhow::Result<HashMap<String, u32>> {
+    let mut models: HashMap<String, u32> = HashMap::new();
+    for n in &trace.nodes {
+        let k = models.len() as u32;
+        models.entry(n.model.clone()).or_insert(k);
+    }
+    anyhow::ensure!(models.len() <= 64, "more than 64 GPU models");
+    Ok(models)
+}
+
+/// The replay's nodes, empty: one per trace node, grouped by (GPUs, model).
+fn sim_nodes(trace: &Trace, models: &HashMap<String, u32>) -> Vec<NodeS> {
+    let mut groups: HashMap<(u32, u32), usize> = HashMap::new();
+    trace
+        .nodes
+        .iter()
+        .map(|n| {
+            let m = models[&n.model];
+            let k = groups.len();
+            let group = *groups.entry((n.gpus, m)).or_insert(k);
+            let gpus = (n.gpus as usize).min(8);
+            let mut free = [0; 8];
+            free[..gpus].fill(GPU_MILLI);
+            NodeS {
+                gpus,
+                free,
+                cpu_free: n.cpu_milli,
+                mem_free: n.memory_mib << 20,
+                pods_free: scenario::PODS_PER_NODE,
+                model: 1 << m,
+                group,
+            }
+        })
+        .collect()
+}
+
+/// The pod shape of every pod of the list.
+fn templates(trace: &Trace, models: &HashMap<String, u32>) -> Vec<Tpl> {
+    trace
+        .pods
+        .iter()
+        .map(|t| Tpl {
+            gpus: t.num_gpu,
+            milli: t.gpu_milli,
+            cpu: t.cpu_milli,
+            mem: t.memory_mib << 20,
+            models: t
+                .models
+                .iter()
+                .filter_map(|m| models.get(m))
+                .fold(0u64, |a, &b| a | (1 << b))
+                | if t.models.is_empty() { 0 } else { 1 << 63 },
+            class: class_of(t.num_gpu, t.gpu_milli),
+            demand: u64::from(t.num_gpu) * u64::from(t.gpu_milli),
+        })
+        .collect()
+}
+
+/// FGD's target workload: the shapes of the pod list covering 95% of its pods.
+fn fgd_shapes(trace: &Trace) -> Vec<TargetShape> {
+    let list = Cluster {
+        pods: trace
+            .pods
+            .iter()
+            .map(|t| scenario::pod_of(t, t.name.clone(), None, &[]))
+            .collect(),
+        ..Default::default()
+    };
+    frag::default_shapes(&list, &Default::default())
 }
 
 #[cfg(test)]

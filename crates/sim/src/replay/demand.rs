@@ -254,18 +254,8 @@ pub(super) fn poll(sim: &mut Sim, ctx: &Ctx, planner: &str, t: f64) {
         {
             continue; // placed or placeable after an earlier consolidation of this poll
         }
-        let max = if kai {
-            KAI_MAX_EVICTIONS
-        } else {
-            while sim.demand.log.front().is_some_and(|&e| e <= t - 3600.0) {
-                sim.demand.log.pop_front();
-            }
-            let spent = u32::try_from(sim.demand.log.len()).unwrap_or(u32::MAX);
-            let Some(max) = demand.allowance(spent) else {
-                *sim.demand.outcomes.entry("hourlyCap".into()).or_default() += 1;
-                return;
-            };
-            max
+        let Some(max) = max_evictions(sim, &demand, kai, t) else {
+            return;
         };
         let per_node = if kai {
             max
@@ -283,15 +273,75 @@ pub(super) fn poll(sim: &mut Sim, ctx: &Ctx, planner: &str, t: f64) {
             sim.demand.retry.insert(key_of(sim, pi), t + RETRY_SECONDS);
             continue;
         }
-        let (c, ids) = to_cluster_on(sim, ctx, Some((&on, pi)));
-        let Some(ci) = ids.iter().position(|&x| x == pi) else {
+        let offer = Offer {
+            planner,
+            policy: &policy,
+            now,
+            max,
+            t,
+        };
+        let Some((room_node, moves)) = offer.plan(sim, ctx, pi, &on) else {
             continue;
         };
+        occ = None; // the state changes
+        carry_out(sim, pi, room_node, moves, kai, t);
+        if !kai {
+            return; // one demand run per poll
+        }
+    }
+}
+
+/// The most evictions the next run may make: KAI's limit, or gpu-defrag's allowance
+/// after the demand evictions of the last hour (`None`, counted as `hourlyCap`, when
+/// the hour's allowance is spent).
+fn max_evictions(sim: &mut Sim, demand: &DemandPolicy, kai: bool, t: f64) -> Option<u32> {
+    if kai {
+        return Some(KAI_MAX_EVICTIONS);
+    }
+    while sim.demand.log.front().is_some_and(|&e| e <= t - 3600.0) {
+        sim.demand.log.pop_front();
+    }
+    let spent = u32::try_from(sim.demand.log.len()).unwrap_or(u32::MAX);
+    let max = demand.allowance(spent);
+    if max.is_none() {
+        *sim.demand.outcomes.entry("hourlyCap".into()).or_default() += 1;
+    }
+    max
+}
+
+/// The moves of a planned run: (sim pod, the node the plan names, if any).
+type Moves = Vec<(usize, Option<usize>)>;
+
+/// One offer of a pod to the demand planner at time `t`.
+struct Offer<'a> {
+    planner: &'a str,
+    policy: &'a Policy,
+    now: chrono::DateTime<chrono::Utc>,
+    /// Evictions the run may make.
+    max: u32,
+    t: f64,
+}
+
+impl Offer<'_> {
+    /// Plans a room for pod `pi` among the nodes `on` (their pods only); counts the
+    /// outcome (a shape without a plan is not offered again for [`RETRY_SECONDS`]).
+    /// Returns the room's node and every move (sim pod, planned node) when planned.
+    fn plan(&self, sim: &mut Sim, ctx: &Ctx, pi: usize, on: &[bool]) -> Option<(usize, Moves)> {
+        let t = self.t;
+        let (c, ids) = to_cluster_on(sim, ctx, Some((on, pi)));
+        let ci = ids.iter().position(|&x| x == pi)?;
         let limits = DemandLimits {
-            max_evictions: max,
+            max_evictions: self.max,
             ..DemandLimits::default()
         };
-        let d = plan_demand(&c, &policy, Some(now), &History::default(), &[ci], &limits);
+        let d = plan_demand(
+            &c,
+            self.policy,
+            Some(self.now),
+            &History::default(),
+            &[ci],
+            &limits,
+        );
 
         let key = match d.outcome {
             DemandOutcome::Planned => "Planned",
@@ -301,8 +351,9 @@ pub(super) fn poll(sim: &mut Sim, ctx: &Ctx, planner: &str, t: f64) {
         *sim.demand.outcomes.entry(key.into()).or_default() += 1;
         if std::env::var_os("REPLAY_DEBUG").is_some() {
             eprintln!(
-                "t={:.2}h {planner} pod {pi} ({} GPUs, waited {:.0}s, {} room nodes): {key}: {}",
+                "t={:.2}h {} pod {pi} ({} GPUs, waited {:.0}s, {} room nodes): {key}: {}",
                 t / 3600.0,
+                self.planner,
                 sim.tpl[sim.pods[pi].tpl as usize].gpus,
                 t - sim.pods[pi].queued_at,
                 on.iter().filter(|&&x| x).count(),
@@ -311,62 +362,62 @@ pub(super) fn poll(sim: &mut Sim, ctx: &Ctx, planner: &str, t: f64) {
         }
         if d.outcome != DemandOutcome::Planned {
             sim.demand.retry.insert(key_of(sim, pi), t + RETRY_SECONDS);
-            continue;
+            return None;
         }
-        let Some(room) = d.rooms.first() else {
-            continue;
-        };
-        let room_node = room.node;
-        let moves: Vec<(usize, Option<usize>)> = d
+        let room = d.rooms.first()?;
+        let moves = d
             .plan
             .moves
             .iter()
             .map(|m| (ids[m.pod_index], c.node_index(&m.to_node)))
             .collect();
-        occ = None; // the state changes
-        let victims: Vec<usize> = moves.iter().map(|m| m.0).collect();
-        if !victims.is_empty() {
-            sim.demand.runs += 1;
+        Some((room.node, moves))
+    }
+}
+
+/// Carries out a planned run for pod `pi` at time `t`: its evictions, the hold
+/// (gpu-defrag: the served pod takes its room before anyone else), the queue served;
+/// counts where the served and the evicted pods went.
+fn carry_out(sim: &mut Sim, pi: usize, room_node: usize, moves: Moves, kai: bool, t: f64) {
+    let victims: Vec<usize> = moves.iter().map(|m| m.0).collect();
+    if !victims.is_empty() {
+        sim.demand.runs += 1;
+    }
+    let before = sim.evictions;
+    sim.evict(&victims, t);
+    let evicted = sim.evictions - before;
+    sim.demand.evictions += evicted;
+    if !kai {
+        for _ in 0..evicted {
+            sim.demand.log.push_back(t);
         }
-        let before = sim.evictions;
-        sim.evict(&victims, t);
-        let evicted = sim.evictions - before;
-        sim.demand.evictions += evicted;
-        if !kai {
-            for _ in 0..evicted {
-                sim.demand.log.push_back(t);
-            }
+    }
+    // The hold (gpu-defrag): the served pod takes its room before anyone else.
+    let mut on_room = false;
+    if !kai {
+        let tp = &sim.tpl[sim.pods[pi].tpl as usize];
+        if super::node_ok(&sim.nodes[room_node], tp)
+            && let Some(devs) = sim.node_devs(room_node, tp)
+        {
+            sim.dequeue(pi);
+            sim.bind(pi, room_node, devs, t);
+            on_room = true;
         }
-        // The hold (gpu-defrag): the served pod takes its room before anyone else.
-        let mut on_room = false;
-        if !kai {
-            let tp = &sim.tpl[sim.pods[pi].tpl as usize];
-            if super::node_ok(&sim.nodes[room_node], tp)
-                && let Some(devs) = sim.node_devs(room_node, tp)
-            {
-                sim.dequeue(pi);
-                sim.bind(pi, room_node, devs, t);
-                on_room = true;
-            }
-        }
-        sim.serve_all(t);
-        if kai {
-            on_room = sim.pods[pi].node == room_node as u32;
-        }
-        if on_room {
-            sim.demand.served_on_room += 1;
-        } else {
-            sim.demand.served_elsewhere += 1;
-        }
-        for (v, to) in moves {
-            match sim.pods[v].node {
-                NONE => sim.demand.landed_queued += 1,
-                n if Some(n as usize) == to => sim.demand.landed_as_planned += 1,
-                _ => sim.demand.landed_elsewhere += 1,
-            }
-        }
-        if !kai {
-            return; // one demand run per poll
+    }
+    sim.serve_all(t);
+    if kai {
+        on_room = sim.pods[pi].node == room_node as u32;
+    }
+    if on_room {
+        sim.demand.served_on_room += 1;
+    } else {
+        sim.demand.served_elsewhere += 1;
+    }
+    for (v, to) in moves {
+        match sim.pods[v].node {
+            NONE => sim.demand.landed_queued += 1,
+            n if Some(n as usize) == to => sim.demand.landed_as_planned += 1,
+            _ => sim.demand.landed_elsewhere += 1,
         }
     }
 }

@@ -108,6 +108,44 @@ pub fn run(prep: &Prepared, p: &Params, planner: &str) -> anyhow::Result<Outcome
         params: p,
         base,
     };
+    let series = event_loop(&mut sim, prep, &ctx, planner, &windows, horizon);
+    let (pending_by_class, disruptions) = still_queued(&mut sim, prep, horizon);
+    let (wait_seconds, measured) = wait_percentiles(&mut sim);
+    let span = (horizon - warmup).max(1e-9);
+    Ok(Outcome {
+        planner: planner.to_string(),
+        seed: p.seed,
+        allocation_ratio: sim.alloc_integral / span / sim.capacity.max(1) as f64,
+        evictions: sim.evictions,
+        runs: sim.runs,
+        runs_skipped: sim.runs_skipped.clone(),
+        runs_ended: sim.runs_ended.clone(),
+        displaced: sim.displaced,
+        service_evictions: sim.svc_evictions,
+        demand: demand::polled(planner).then(|| sim.demand.clone()),
+        pending_at_end: sim.queued(),
+        pending_at_end_by_class: pending_by_class,
+        wait_seconds,
+        measured_pods: measured,
+        disruption_seconds: disruption_stats(disruptions),
+        cpu_seconds: timer.stop().1,
+        series,
+    })
+}
+
+/// The event loop up to `horizon`: departures, arrivals, window openings, the steps
+/// of a run, the services' hourly scaling and the polls, earliest first; the state is
+/// sampled every [`SAMPLE_SECONDS`] and advanced to `horizon` at the end. Returns the
+/// samples.
+fn event_loop(
+    sim: &mut Sim,
+    prep: &Prepared,
+    ctx: &Ctx,
+    planner: &str,
+    windows: &[(f64, f64)],
+    horizon: f64,
+) -> Vec<Sample> {
+    let warmup = sim.warmup;
     let mut ai = 0;
     let mut wi = 0;
     let sample_every = SAMPLE_SECONDS;
@@ -141,12 +179,12 @@ pub fn run(prep: &Prepared, p: &Params, planner: &str) -> anyhow::Result<Outcome
         }
         sim.advance(t);
         if next_step == Some(t) {
-            step_run(&mut sim, t);
+            step_run(sim, t);
         } else if next_hour == Some(t) {
             sim.scale_services(&prep.services, t, t >= warmup);
             next_hour = Some(t + HOUR);
         } else if next_poll == Some(t) {
-            demand::poll(&mut sim, &ctx, planner, t);
+            demand::poll(sim, ctx, planner, t);
             next_poll = Some(t + POLL_SECONDS);
         } else if next_dep == Some(t) {
             let Reverse((_, pi, epoch)) = sim.heap.pop().expect("peeked");
@@ -154,7 +192,7 @@ pub fn run(prep: &Prepared, p: &Params, planner: &str) -> anyhow::Result<Outcome
                 sim.depart(pi, t);
             }
         } else if next_win == Some(t) {
-            window(&mut sim, &ctx, planner, t, windows[wi].1);
+            window(sim, ctx, planner, t, windows[wi].1);
             wi += 1;
         } else {
             let a = prep.arrivals[ai];
@@ -167,7 +205,17 @@ pub fn run(prep: &Prepared, p: &Params, planner: &str) -> anyhow::Result<Outcome
         next_sample += sample_every;
     }
     sim.advance(horizon);
-    // Pods still queued: their wait so far.
+    series
+}
+
+/// Pods still queued at `horizon`: counted per class, their wait so far added to the
+/// waits (when measured), and every disruption with a replacement still queued at its
+/// length so far. Returns the counts and the disruptions.
+fn still_queued(
+    sim: &mut Sim,
+    prep: &Prepared,
+    horizon: f64,
+) -> (BTreeMap<String, usize>, Vec<f64>) {
     let mut pending_by_class: BTreeMap<String, usize> = BTreeMap::new();
     let mut disruptions = sim.disruptions.clone();
     for pi in sim.queued_pods() {
@@ -181,6 +229,17 @@ pub fn run(prep: &Prepared, p: &Params, planner: &str) -> anyhow::Result<Outcome
             disruptions.push(horizon - e);
         }
     }
+    (pending_by_class, disruptions)
+}
+
+/// Queueing delay percentiles per class (the waits sorted in place), and the pods
+/// measured per class.
+fn wait_percentiles(
+    sim: &mut Sim,
+) -> (
+    BTreeMap<String, BTreeMap<String, f64>>,
+    BTreeMap<String, usize>,
+) {
     let mut wait_seconds: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
     let mut measured = BTreeMap::new();
     for (c, w) in sim.waits.iter_mut().enumerate() {
@@ -196,6 +255,11 @@ pub fn run(prep: &Prepared, p: &Params, planner: &str) -> anyhow::Result<Outcome
                 .insert(CLASSES[c].to_string(), percentile(w, q).expect("non-empty"));
         }
     }
+    (wait_seconds, measured)
+}
+
+/// Mean, percentiles and total of the disruptions (empty when there are none).
+fn disruption_stats(mut disruptions: Vec<f64>) -> BTreeMap<String, f64> {
     disruptions.sort_by(f64::total_cmp);
     let mut disruption_seconds = BTreeMap::new();
     if !disruptions.is_empty() {
@@ -208,24 +272,5 @@ pub fn run(prep: &Prepared, p: &Params, planner: &str) -> anyhow::Result<Outcome
         }
         disruption_seconds.insert("total".to_string(), disruptions.iter().sum::<f64>());
     }
-    let span = (horizon - warmup).max(1e-9);
-    Ok(Outcome {
-        planner: planner.to_string(),
-        seed: p.seed,
-        allocation_ratio: sim.alloc_integral / span / sim.capacity.max(1) as f64,
-        evictions: sim.evictions,
-        runs: sim.runs,
-        runs_skipped: sim.runs_skipped.clone(),
-        runs_ended: sim.runs_ended.clone(),
-        displaced: sim.displaced,
-        service_evictions: sim.svc_evictions,
-        demand: demand::polled(planner).then(|| sim.demand.clone()),
-        pending_at_end: sim.queued(),
-        pending_at_end_by_class: pending_by_class,
-        wait_seconds,
-        measured_pods: measured,
-        disruption_seconds,
-        cpu_seconds: timer.stop().1,
-        series,
-    })
+    disruption_seconds
 }

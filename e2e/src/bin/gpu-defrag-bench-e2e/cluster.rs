@@ -75,6 +75,50 @@ pub(crate) async fn build_cluster(args: &Args, layout: &Layout) -> Result<TestCl
     })
     .await?;
     let client = cluster.client()?;
+    create_nodes(&cluster, &client, layout).await?;
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}}))?;
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .context("creating the namespace")?;
+    let sched = &args.scheduler_name;
+    create_pdbs(&client, layout).await?;
+    // 1. The pods, bound to the layout's nodes, labelled as their ReplicaSet's pods.
+    create_bound_pods(&client, layout, sched).await?;
+    // 2. A ReplicaSet per pod (1 replica, the pod's labels): it adopts the pod.
+    create_replica_sets(&client, layout, sched).await?;
+    // 3. The Deployments (same template): each adopts its ReplicaSet as its current one.
+    create_deployments(&client, layout, sched).await?;
+    check_layout(&client, layout).await?;
+    // The queue: pending multi-GPU Deployments (no PDB), through the real scheduler.
+    create_queue(&client, layout, sched).await?;
+    // The queue waits a little before any contender starts: creation timestamps have whole
+    // seconds, and gpu-defrag's maxPendingGpuPods guard counts pods created in the second its
+    // run started as created by the run (a queue made under a second before a run stops it).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    eprintln!(
+        "  start state built in {:.0}s (control plane {:.0}s)",
+        t0.elapsed().as_secs_f64(),
+        cluster.started_in().as_secs_f64()
+    );
+    Ok(cluster)
+}
+
+/// The selector of the layout's running pods and their objects.
+fn workload_selector() -> String {
+    format!("{ROLE}=workload")
+}
+
+/// Whether a pod has an owner.
+fn owned(p: &Pod) -> bool {
+    p.metadata
+        .owner_references
+        .as_ref()
+        .is_some_and(|o| !o.is_empty())
+}
+
+/// The layout's nodes, created and Ready.
+async fn create_nodes(cluster: &TestCluster, client: &kube::Client, layout: &Layout) -> Result<()> {
     let mut nodes = Vec::new();
     for n in &layout.nodes {
         let mut spec = GpuNodes::new(1, n.gpus).model(n.model.clone());
@@ -86,16 +130,11 @@ pub(crate) async fn build_cluster(args: &Args, layout: &Layout) -> Result<TestCl
     create_all(&Api::<Node>::all(client.clone()), nodes, 16).await?;
     cluster
         .wait_nodes_ready(&names, Duration::from_secs(120))
-        .await?;
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}}))?;
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
         .await
-        .context("creating the namespace")?;
-    let deps: Api<Deployment> = Api::namespaced(client.clone(), NS);
-    let sched = &args.scheduler_name;
-    let want = layout.running.len();
-    let sel = format!("{ROLE}=workload");
+}
+
+/// A PDB (maxUnavailable 1) per running pod of the layout.
+async fn create_pdbs(client: &kube::Client, layout: &Layout) -> Result<()> {
     let pdbs = layout
         .running
         .iter()
@@ -107,8 +146,13 @@ pub(crate) async fn build_cluster(args: &Args, layout: &Layout) -> Result<TestCl
             .context("building a PDB")
         })
         .collect::<Result<Vec<_>>>()?;
-    create_all(&Api::namespaced(client.clone(), NS), pdbs, 16).await?;
-    // 1. The pods, bound to the layout's nodes, labelled as their ReplicaSet's pods.
+    create_all(&Api::namespaced(client.clone(), NS), pdbs, 16).await
+}
+
+/// The running pods, bound to the layout's nodes and labelled as their ReplicaSet's
+/// pods; waits until they are Ready (and a little more, for the controller manager's
+/// pod informer to see every pod before their owners exist).
+async fn create_bound_pods(client: &kube::Client, layout: &Layout, sched: &str) -> Result<()> {
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), NS);
     let mut pods = Vec::new();
     for p in &layout.running {
@@ -119,12 +163,27 @@ pub(crate) async fn build_cluster(args: &Args, layout: &Layout) -> Result<TestCl
         pods.push(serde_json::from_value::<Pod>(t).context("building a Pod")?);
     }
     create_all(&pods_api, pods, 16).await?;
-    gpu_defrag_e2e::fixtures::wait_ready_pods(&client, NS, &sel, want, Duration::from_secs(300))
-        .await?;
+    let want = layout.running.len();
+    gpu_defrag_e2e::fixtures::wait_ready_pods(
+        client,
+        NS,
+        &workload_selector(),
+        want,
+        Duration::from_secs(300),
+    )
+    .await?;
     // Let the controller manager's pod informer see every pod before their owners exist.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    // 2. A ReplicaSet per pod (1 replica, the pod's labels): it adopts the pod.
+    Ok(())
+}
+
+/// A ReplicaSet per running pod (1 replica, the pod's labels); waits until each has
+/// adopted its pod.
+async fn create_replica_sets(client: &kube::Client, layout: &Layout, sched: &str) -> Result<()> {
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), NS);
     let rss: Api<ReplicaSet> = Api::namespaced(client.clone(), NS);
+    let sel = workload_selector();
+    let want = layout.running.len();
     let objects = layout
         .running
         .iter()
@@ -152,25 +211,27 @@ pub(crate) async fn build_cluster(args: &Args, layout: &Layout) -> Result<TestCl
                 .list(&ListParams::default().labels(&sel))
                 .await?
                 .items;
-            Ok((pods.len() == want
-                && pods.iter().all(|p| {
-                    p.metadata
-                        .owner_references
-                        .as_ref()
-                        .is_some_and(|o| !o.is_empty())
-                }))
-            .then_some(()))
+            Ok((pods.len() == want && pods.iter().all(owned)).then_some(()))
         },
     )
-    .await?;
-    // 3. The Deployments (same template): each adopts its ReplicaSet as its current one.
+    .await
+}
+
+/// A Deployment per running pod (its template); waits until every Deployment owns its
+/// ReplicaSet and is ready, and every PDB allows one disruption.
+async fn create_deployments(client: &kube::Client, layout: &Layout, sched: &str) -> Result<()> {
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    let rss: Api<ReplicaSet> = Api::namespaced(client.clone(), NS);
+    let pdb_api: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), NS);
+    let sel = workload_selector();
+    let want = layout.running.len();
     let objects = layout
         .running
         .iter()
         .map(|p| deployment(&p.app, "workload", &p.shape, 1, sched))
         .collect::<Result<Vec<_>>>()?;
     create_all(&deps, objects, 16).await?;
-    let pdb_api: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), NS);
     wait_for(
         "every Deployment owning its ReplicaSet and ready, every PDB allowing one disruption",
         Duration::from_secs(180),
@@ -179,14 +240,7 @@ pub(crate) async fn build_cluster(args: &Args, layout: &Layout) -> Result<TestCl
                 .list(&ListParams::default().labels(&sel))
                 .await?
                 .items;
-            let adopted = pods.len() == want
-                && pods.iter().all(|p| {
-                    p.metadata
-                        .owner_references
-                        .as_ref()
-                        .is_some_and(|o| !o.is_empty())
-                        && pod_ready(p)
-                });
+            let adopted = pods.len() == want && pods.iter().all(|p| owned(p) && pod_ready(p));
             if !adopted {
                 return Ok(None);
             }
@@ -220,10 +274,14 @@ pub(crate) async fn build_cluster(args: &Args, layout: &Layout) -> Result<TestCl
             Ok((ready == want && pdbs == want && owned).then_some(()))
         },
     )
-    .await?;
-    // The layout holds exactly: every pod on the node the layout says.
+    .await
+}
+
+/// The layout holds exactly: every pod on the node the layout says.
+async fn check_layout(client: &kube::Client, layout: &Layout) -> Result<()> {
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), NS);
     let on: BTreeMap<String, String> = pods_api
-        .list(&ListParams::default().labels(&sel))
+        .list(&ListParams::default().labels(&workload_selector()))
         .await?
         .items
         .iter()
@@ -238,7 +296,15 @@ pub(crate) async fn build_cluster(args: &Args, layout: &Layout) -> Result<TestCl
             );
         }
     }
-    // The queue: pending multi-GPU Deployments (no PDB), through the real scheduler.
+    Ok(())
+}
+
+/// The queue: a Deployment per pending pod of the layout (no PDB), through the real
+/// scheduler; waits until every pending pod is found unschedulable (and fails if one is
+/// scheduled).
+async fn create_queue(client: &kube::Client, layout: &Layout, sched: &str) -> Result<()> {
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), NS);
     let objects = layout
         .pending
         .iter()
@@ -254,21 +320,7 @@ pub(crate) async fn build_cluster(args: &Args, layout: &Layout) -> Result<TestCl
                 .list(&ListParams::default().labels(&format!("{ROLE}=pending")))
                 .await?
                 .items;
-            let unsched = pods
-                .iter()
-                .filter(|p| {
-                    p.status
-                        .as_ref()
-                        .and_then(|s| s.conditions.as_ref())
-                        .is_some_and(|cs| {
-                            cs.iter().any(|c| {
-                                c.type_ == "PodScheduled"
-                                    && c.status == "False"
-                                    && c.reason.as_deref() == Some("Unschedulable")
-                            })
-                        })
-                })
-                .count();
+            let unsched = pods.iter().filter(|p| unschedulable(p)).count();
             if pods
                 .iter()
                 .any(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
@@ -278,17 +330,22 @@ pub(crate) async fn build_cluster(args: &Args, layout: &Layout) -> Result<TestCl
             Ok((unsched == n_pending).then_some(()))
         },
     )
-    .await?;
-    // The queue waits a little before any contender starts: creation timestamps have whole
-    // seconds, and gpu-defrag's maxPendingGpuPods guard counts pods created in the second its
-    // run started as created by the run (a queue made under a second before a run stops it).
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    eprintln!(
-        "  start state built in {:.0}s (control plane {:.0}s)",
-        t0.elapsed().as_secs_f64(),
-        cluster.started_in().as_secs_f64()
-    );
-    Ok(cluster)
+    .await
+}
+
+/// Whether the scheduler found the pod unschedulable (`PodScheduled` False,
+/// `Unschedulable`).
+fn unschedulable(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable")
+            })
+        })
 }
 
 pub(crate) fn app_of(p: &Pod) -> &str {

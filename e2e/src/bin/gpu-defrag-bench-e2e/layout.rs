@@ -109,135 +109,171 @@ fn best_node(nodes: &[NodeSpec], used: &[Use], p: &PodShape) -> Option<usize> {
     best.map(|(_, i)| i)
 }
 
+impl Use {
+    /// Adds pod `p`.
+    fn add(&mut self, p: &PodShape) {
+        self.gpus += p.gpus;
+        self.cpu += p.cpu_milli;
+        self.mem += p.memory_mib;
+        self.pods += 1;
+    }
+}
+
+/// `args.nodes` GPU nodes of the trace drawn at random, biggest first, named by size.
+fn pick_nodes(args: &Args, rng: &mut StdRng) -> Result<Vec<NodeSpec>> {
+    let node_rows = read_csv(&args.trace.join("openb_node_list_gpu_node.csv"))?;
+    let mut all_nodes = Vec::new();
+    for r in &node_rows {
+        let gpus = num(r, "gpu")? as u32;
+        if gpus == 0 {
+            continue;
+        }
+        all_nodes.push((
+            gpus,
+            r.get("model").cloned().unwrap_or_default(),
+            num(r, "cpu_milli")?,
+            num(r, "memory_mib")?,
+        ));
+    }
+    all_nodes.shuffle(rng);
+    all_nodes.truncate(args.nodes);
+    // Biggest first, so names read well; the names carry the size.
+    all_nodes.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    Ok(all_nodes
+        .into_iter()
+        .enumerate()
+        .map(|(i, (gpus, model, cpu_milli, memory_mib))| NodeSpec {
+            name: format!("node-{i:02}-{gpus}g"),
+            gpus,
+            model: if model.is_empty() {
+                "unknown".into()
+            } else {
+                model
+            },
+            cpu_milli,
+            memory_mib,
+        })
+        .collect())
+}
+
+/// The GPU pods of the workload's pod list (shares as whole GPUs), and how many of them
+/// are shares.
+fn read_shapes(args: &Args) -> Result<(Vec<PodShape>, usize)> {
+    let pod_rows = read_csv(
+        &args
+            .trace
+            .join(format!("openb_pod_list_{}.csv", args.workload)),
+    )?;
+    let mut shapes = Vec::new();
+    let mut shares = 0;
+    for r in &pod_rows {
+        let g = num(r, "num_gpu")? as u32;
+        if g == 0 {
+            continue;
+        }
+        if num(r, "gpu_milli")? < 1000 {
+            shares += 1;
+        }
+        shapes.push(PodShape {
+            gpus: g,
+            cpu_milli: num(r, "cpu_milli")?,
+            memory_mib: num(r, "memory_mib")?,
+        });
+    }
+    Ok((shapes, shares))
+}
+
+/// Places `shapes` in order with the bin-packing scheduler until `load` of the GPUs are
+/// in use (those that fit nowhere are skipped): each with its node.
+fn fill(nodes: &[NodeSpec], shapes: &[PodShape], load: f64) -> Vec<(PodShape, usize)> {
+    let total: u32 = nodes.iter().map(|n| n.gpus).sum();
+    let mut used = vec![Use::default(); nodes.len()];
+    let mut placed: Vec<(PodShape, usize)> = Vec::new();
+    let mut in_use = 0u32;
+    for s in shapes {
+        if in_use as f64 >= load * total as f64 {
+            break;
+        }
+        if let Some(i) = best_node(nodes, &used, s) {
+            used[i].add(s);
+            in_use += s.gpus;
+            placed.push((*s, i));
+        }
+    }
+    placed
+}
+
+/// A seeded share (`departures`) of the placed pods ends: the pods left running and
+/// the nodes' use.
+fn depart(
+    nodes: &[NodeSpec],
+    placed: &[(PodShape, usize)],
+    departures: f64,
+    rng: &mut StdRng,
+) -> (Vec<(PodShape, usize)>, Vec<Use>) {
+    let mut order: Vec<usize> = (0..placed.len()).collect();
+    order.shuffle(rng);
+    let gone: BTreeSet<usize> = order
+        .into_iter()
+        .take((departures * placed.len() as f64).round() as usize)
+        .collect();
+    let mut used = vec![Use::default(); nodes.len()];
+    let mut running = Vec::new();
+    for (k, (s, i)) in placed.iter().enumerate() {
+        if gone.contains(&k) {
+            continue;
+        }
+        used[*i].add(s);
+        running.push((*s, *i));
+    }
+    (running, used)
+}
+
+/// The queue: `args.pending8` 8-GPU and `args.pending4` 4-GPU shapes drawn from the
+/// trace's pods of that size (`big`; a default shape when it has none).
+fn queue(big: &[PodShape], args: &Args, rng: &mut StdRng) -> Vec<PodShape> {
+    let mut pick = |gpus: u32, n: usize| -> Vec<PodShape> {
+        let of: Vec<&PodShape> = big.iter().filter(|s| s.gpus == gpus).collect();
+        (0..n)
+            .map(|_| {
+                if of.is_empty() {
+                    PodShape {
+                        gpus,
+                        cpu_milli: 8000 * gpus as u64,
+                        memory_mib: 65536 * gpus as u64,
+                    }
+                } else {
+                    *of[rng.random_range(0..of.len())]
+                }
+            })
+            .collect()
+    };
+    pick(8, args.pending8)
+        .into_iter()
+        .chain(pick(4, args.pending4))
+        .collect()
+}
+
 impl Layout {
+    /// The start layout of `seed` from the trace: nodes, running pods after departures,
+    /// and the queue of multi-GPU pods that fit nowhere.
     pub(crate) fn from_trace(args: &Args, seed: u64) -> Result<Self> {
         let mut rng = StdRng::seed_from_u64(seed);
-        let node_rows = read_csv(&args.trace.join("openb_node_list_gpu_node.csv"))?;
-        let mut all_nodes = Vec::new();
-        for r in &node_rows {
-            let gpus = num(r, "gpu")? as u32;
-            if gpus == 0 {
-                continue;
-            }
-            all_nodes.push((
-                gpus,
-                r.get("model").cloned().unwrap_or_default(),
-                num(r, "cpu_milli")?,
-                num(r, "memory_mib")?,
-            ));
-        }
-        all_nodes.shuffle(&mut rng);
-        all_nodes.truncate(args.nodes);
-        // Biggest first, so names read well; the names carry the size.
-        all_nodes.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-        let nodes: Vec<NodeSpec> = all_nodes
-            .into_iter()
-            .enumerate()
-            .map(|(i, (gpus, model, cpu_milli, memory_mib))| NodeSpec {
-                name: format!("node-{i:02}-{gpus}g"),
-                gpus,
-                model: if model.is_empty() {
-                    "unknown".into()
-                } else {
-                    model
-                },
-                cpu_milli,
-                memory_mib,
-            })
-            .collect();
-        let pod_rows = read_csv(
-            &args
-                .trace
-                .join(format!("openb_pod_list_{}.csv", args.workload)),
-        )?;
-        let mut shapes = Vec::new();
-        let mut shares = 0;
-        for r in &pod_rows {
-            let g = num(r, "num_gpu")? as u32;
-            if g == 0 {
-                continue;
-            }
-            if num(r, "gpu_milli")? < 1000 {
-                shares += 1;
-            }
-            shapes.push(PodShape {
-                gpus: g,
-                cpu_milli: num(r, "cpu_milli")?,
-                memory_mib: num(r, "memory_mib")?,
-            });
-        }
+        let nodes = pick_nodes(args, &mut rng)?;
+        let (mut shapes, shares) = read_shapes(args)?;
         let trace_pods = shapes.len();
         let big: Vec<PodShape> = shapes.iter().copied().filter(|s| s.gpus >= 4).collect();
         shapes.shuffle(&mut rng);
-        let total: u32 = nodes.iter().map(|n| n.gpus).sum();
-        let mut used = vec![Use::default(); nodes.len()];
-        let mut placed: Vec<(PodShape, usize)> = Vec::new();
-        let mut in_use = 0u32;
-        for s in &shapes {
-            if in_use as f64 >= args.load * total as f64 {
-                break;
-            }
-            if let Some(i) = best_node(&nodes, &used, s) {
-                let u = &mut used[i];
-                u.gpus += s.gpus;
-                u.cpu += s.cpu_milli;
-                u.mem += s.memory_mib;
-                u.pods += 1;
-                in_use += s.gpus;
-                placed.push((*s, i));
-            }
-        }
+        let placed = fill(&nodes, &shapes, args.load);
         // Departures: a seeded share of the placed pods ends.
-        let mut order: Vec<usize> = (0..placed.len()).collect();
-        order.shuffle(&mut rng);
-        let gone: BTreeSet<usize> = order
-            .into_iter()
-            .take((args.departures * placed.len() as f64).round() as usize)
-            .collect();
-        let mut used = vec![Use::default(); nodes.len()];
-        let mut running = Vec::new();
-        for (k, (s, i)) in placed.iter().enumerate() {
-            if gone.contains(&k) {
-                continue;
-            }
-            let u = &mut used[*i];
-            u.gpus += s.gpus;
-            u.cpu += s.cpu_milli;
-            u.mem += s.memory_mib;
-            u.pods += 1;
-            running.push((*s, *i));
-        }
+        let (mut running, mut used) = depart(&nodes, &placed, args.departures, &mut rng);
         // The queue: multi-GPU pods of the trace. Those that fit somewhere run (the
         // scheduler placed them); the rest are the pending pods the defragmentation serves.
-        let mut pick = |gpus: u32, n: usize| -> Vec<PodShape> {
-            let of: Vec<&PodShape> = big.iter().filter(|s| s.gpus == gpus).collect();
-            (0..n)
-                .map(|_| {
-                    if of.is_empty() {
-                        PodShape {
-                            gpus,
-                            cpu_milli: 8000 * gpus as u64,
-                            memory_mib: 65536 * gpus as u64,
-                        }
-                    } else {
-                        *of[rng.random_range(0..of.len())]
-                    }
-                })
-                .collect()
-        };
-        let queue: Vec<PodShape> = pick(8, args.pending8)
-            .into_iter()
-            .chain(pick(4, args.pending4))
-            .collect();
         let mut pending = Vec::new();
-        for s in queue {
+        for s in queue(&big, args, &mut rng) {
             match best_node(&nodes, &used, &s) {
                 Some(i) => {
-                    let u = &mut used[i];
-                    u.gpus += s.gpus;
-                    u.cpu += s.cpu_milli;
-                    u.mem += s.memory_mib;
-                    u.pods += 1;
+                    used[i].add(&s);
                     running.push((s, i));
                 }
                 None => pending.push(s),
