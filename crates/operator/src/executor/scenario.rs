@@ -233,7 +233,7 @@ async fn a_run_fences_evicts_waits_for_the_replacement_unfences_and_succeeds() {
     }))
     .unwrap();
     let dp = Arc::new(DefragPolicy::new("nightly", spec));
-    let (policy, _) = crate::controller::decide::validate(&dp).unwrap();
+    let policy = gpu_defrag_core::policy::Policy::from_spec(&dp.spec).unwrap();
     let end = Utc::now() + TimeDelta::hours(1);
     super::start(ctx.clone(), dp, policy, end, super::Start::Window).await;
     let handle = ctx.runs.lock().await.remove("nightly").expect("a run task");
