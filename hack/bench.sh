@@ -554,11 +554,18 @@ core, its figures were compared with the replay before that change: `gpu-defrag-
 --workload default,multigpu30 --seed 11,12` and `--workload default --seed 13 --services
 0.3` (14 days, load 0.9, `--planners
 none,gpu-defrag,gpu-defrag-unguarded,gpu-defrag-8gpu,gpu-defrag-demand,gpu-defrag-demand-only`):
-every field of every row identical to the digit (CPU seconds aside). Two rules of the
-operator the copy did not have never changed a figure there: a run whose window ends with a
-replacement in flight keeps its fences until that replacement is Ready (the copy lifted
-them at once), and a replacement bound but not yet Ready counts against
-`rescheduleTimeout` (the copy stopped counting at binding). The demand rows still evict at
+every field of every row identical to the digit (CPU seconds aside). Three rules of the
+operator the copy did not have: a run whose window ends with a replacement in flight keeps
+its fences until that replacement is Ready (the copy lifted them at once); a replacement
+bound but not yet Ready counts against `rescheduleTimeout` (the copy stopped counting at
+binding); and a replacement stalls once it has waited *more* than `rescheduleTimeout` (the
+copy stalled at exactly that). They change one row of a wider check: `gpu-defrag-sim replay
+--workload default --seed 3 --days 2 --load 0.95 --services 0.3 --window '0 2 * * *'
+--window '0 14 * * *' --window-hours 2 --budget 0.05 --planners gpu-defrag-unguarded` gives
+349 evictions and 3 runs (2 succeeded, 1 window closed) where the copy gave 362 and 2 (1, 1),
+pending at the end 1,857 where it gave 2,070 (a binary with only the run's change gives the
+same as today's: the difference is the run's rules, not yet traced to one of the three). The
+operator's rules are the ones the product runs, so the copy was the one that was wrong. The demand rows still evict at
 once, where the operator paces them through the run: a gap of the replay still open.
 
 ![Allocation ratio and 8-GPU queue over 14 days, every planner](replay.png)
