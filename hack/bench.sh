@@ -564,8 +564,11 @@ copy stalled at exactly that). They change one row of a wider check: `gpu-defrag
 --window '0 14 * * *' --window-hours 2 --budget 0.05 --planners gpu-defrag-unguarded` gives
 349 evictions and 3 runs (2 succeeded, 1 window closed) where the copy gave 362 and 2 (1, 1),
 pending at the end 1,857 where it gave 2,070 (a binary with only the run's change gives the
-same as today's: the difference is the run's rules, not yet traced to one of the three). The
-operator's rules are the ones the product runs, so the copy was the one that was wrong. The demand rows still evict at
+same as today's). The two replays part at the end of the first run, which the window's end
+cuts in both (284 moves planned at 02:00 for a 2-hour window): the operator keeps its
+fences until the replacement in flight is Ready, the copy lifted them at 04:00; every later
+window plans on a different cluster. The operator's rules are the ones the product runs, so
+the copy was the one that was wrong. The demand rows still evict at
 once, where the operator paces them through the run: a gap of the replay still open.
 
 ![Allocation ratio and 8-GPU queue over 14 days, every planner](replay.png)
