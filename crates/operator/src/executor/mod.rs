@@ -46,7 +46,7 @@ use crate::status;
 use evictor::{EvictionResult, Evictor};
 use fences::Fences;
 use outcome::Stop;
-use waits::{Looker, POLL, Wait, Workload};
+use waits::{Looker, POLL, Wait};
 
 /// How a run starts: a window run (new or resumed) or a demand run.
 pub enum Start {
@@ -239,8 +239,8 @@ struct Run {
     timeout: std::time::Duration,
     /// How long a resumed eviction may still take effect ([`waits::NOT_EVICTED_AFTER`]).
     not_evicted_after: std::time::Duration,
-    /// The pod of the planned eviction last judged safe, with its workload.
-    current: Option<(Arc<CachedPod>, Workload)>,
+    /// The pod of the planned eviction last judged, as the cache had it then.
+    current: Option<Arc<CachedPod>>,
     /// `skipped` of the record when the run (re)started.
     skipped_before: i64,
     evictor: Evictor,
@@ -538,6 +538,8 @@ impl Run {
         let Some(current) = self.ctx.pods.get(&ObjectRef::new(pod_name).within(ns)) else {
             return Verdict::PassOver;
         };
+        let owned = current.controller_of().is_some();
+        self.current = Some(current);
         let now = Utc::now();
         let cluster = self.ctx.cluster(Some(now));
         let planned = Planned {
@@ -553,16 +555,11 @@ impl Run {
             Err(Refusal::Gone | Refusal::Moved | Refusal::Unmovable(Skip::Terminating)) => {
                 return Verdict::PassOver;
             }
-            Err(r) => {
-                self.current = Some((current, (String::new(), String::new())));
-                return Verdict::Refuse(r.code().to_string());
-            }
+            Err(r) => return Verdict::Refuse(r.code().to_string()),
         }
-        let Some(owner) = current.controller_of() else {
-            self.current = Some((current, (String::new(), String::new())));
+        if !owned {
             return Verdict::Refuse("no-controller".into());
-        };
-        self.current = Some((current, owner));
+        }
         Verdict::Go
     }
 
@@ -575,7 +572,7 @@ impl Run {
         self.evictor
             .skipped(
                 &step.m,
-                pod.as_ref().map(|(p, _)| &p.0),
+                pod.as_ref().map(|p| &p.0),
                 format!("{why}; the rest of its unit is not sent"),
             )
             .await;
@@ -586,8 +583,13 @@ impl Run {
     /// eviction without an answer is confirmed by looking at the pod; the record is
     /// settled by the result, and the state machine told it.
     async fn evict(&mut self, i: usize, step: &Step) -> Result<(), Error> {
-        let Some((pod, owner)) = self.current.take() else {
+        let Some(pod) = self.current.take() else {
             self.state.sent(i, run::Sent::Gone, Utc::now());
+            return Ok(());
+        };
+        // Judged `Go` only with a controller.
+        let Some(owner) = pod.controller_of() else {
+            self.state.sent(i, run::Sent::Refused, Utc::now());
             return Ok(());
         };
         let m = &step.m;
